@@ -1,0 +1,452 @@
+"""Frozen, typed, validated configuration for every part of composer_jax.
+
+One `Config` holds one section per subsystem: `model`, `mesh`, `data`, `train`, `rl`, `env`, `eval`.
+Every section is a frozen dataclass whose fields are plain scalars, str-valued enums or tuples, so
+that `launch.py --set a.b=v` can type-check overrides (see `composer_jax.overrides`) and the resolved
+config serialises to `config.json` and back losslessly.
+
+The `env` and `data` sections live beside the code that uses them (`composer_jax/env/config.py`,
+`composer_jax/data/config.py`) so an environment worker can import its config without JAX; this
+module composes them. Nothing here imports JAX.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+from composer_jax.data.config import DataConfig
+from composer_jax.env.config import EnvConfig
+from composer_jax.errors import ConfigError
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+# ----------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------
+
+
+class ScoringFunc(str, enum.Enum):
+    """How router logits become expert scores."""
+    SIGMOID = "sigmoid"   # DeepSeek-V3 / Kimi K2
+    SOFTMAX = "softmax"   # DeepSeek-V2 style
+
+
+class MoEImpl(str, enum.Enum):
+    """How tokens reach their experts."""
+    RAGGED = "ragged"     # dropless sort-by-expert + jax.lax.ragged_dot (default)
+    DENSE = "dense"       # one-hot reference: every expert sees every token (tests only)
+
+
+class RopeScaling(str, enum.Enum):
+    NONE = "none"
+    YARN = "yarn"
+
+
+class Remat(str, enum.Enum):
+    """Rematerialisation policy of each scanned block."""
+    NONE = "none"                   # keep every activation
+    FULL = "full"                   # recompute the whole block in the backward pass
+    DOTS = "dots"                   # save matmul outputs, recompute the rest
+    DOTS_NO_BATCH = "dots_no_batch" # save matmuls without batch dims (weights-stationary)
+
+
+class Precision(str, enum.Enum):
+    """Number format of the model's dense and expert matmuls (see composer_jax.quant)."""
+    BF16 = "bf16"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+
+
+class DType(str, enum.Enum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding of the decoupled 64-dim (qk_rope_head_dim) part of q and k.
+
+    `interleaved=True` rotates adjacent pairs (x0, x1), (x2, x3), ... (the DeepSeek checkpoint layout,
+    HF `rope_interleave=True`); False rotates (x_i, x_{i + d/2}) (HF's `rotate_half`).
+    YaRN fields follow HF's `rope_scaling` keys; `mscale_all_dim > 0` multiplies the softmax scale by
+    yarn_mscale(factor, mscale_all_dim)^2 as DeepSeek-V3 does.
+    """
+    theta: float = 10000.0
+    scaling: RopeScaling = RopeScaling.NONE
+    factor: float = 1.0
+    original_max_position: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    interleaved: bool = True
+
+    def __post_init__(self):
+        _check(self.theta > 0, f"model.rope.theta must be > 0, got {self.theta}")
+        _check(self.factor >= 1.0, f"model.rope.factor must be >= 1, got {self.factor}")
+        _check(self.original_max_position > 0,
+               f"model.rope.original_max_position must be > 0, got {self.original_max_position}")
+        _check(self.beta_fast > 0 and self.beta_slow > 0,
+               f"model.rope.beta_fast/beta_slow must be > 0, got {self.beta_fast}/{self.beta_slow}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A DeepSeek-V3 / Kimi-K2 architecture: MLA attention, shared + routed experts, MTP.
+
+    Layers [0, first_k_dense) use a dense SwiGLU FFN of width `dense_intermediate_size`; the rest
+    use MoE with `num_routed_experts` experts of width `moe_intermediate_size`, top
+    `num_experts_per_tok`, plus `num_shared_experts` always-on experts (one SwiGLU of width
+    num_shared_experts * moe_intermediate_size). `q_lora_rank == 0` means a plain q projection.
+    """
+    name: str = "custom"
+    vocab_size: int = 256
+    hidden_size: int = 64
+    num_layers: int = 2
+    first_k_dense: int = 1
+    dense_intermediate_size: int = 128
+    moe_intermediate_size: int = 32
+    num_routed_experts: int = 8
+    num_shared_experts: int = 1
+    num_experts_per_tok: int = 2
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 2.5
+    scoring: ScoringFunc = ScoringFunc.SIGMOID
+    norm_topk_prob: bool = True
+    num_heads: int = 4
+    q_lora_rank: int = 32
+    kv_lora_rank: int = 16
+    qk_nope_head_dim: int = 16
+    qk_rope_head_dim: int = 8
+    v_head_dim: int = 16
+    rope: RopeConfig = RopeConfig()
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-6
+    mtp_depth: int = 1
+    moe_impl: MoEImpl = MoEImpl.RAGGED
+    router_bias_update_rate: float = 1e-3
+    seq_aux_loss_coef: float = 0.0
+    remat: Remat = Remat.NONE
+    precision: Precision = Precision.BF16
+    param_dtype: DType = DType.FLOAT32
+    compute_dtype: DType = DType.FLOAT32
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        p = "model."
+        for f in ("vocab_size", "hidden_size", "num_layers", "dense_intermediate_size",
+                  "moe_intermediate_size", "num_heads", "kv_lora_rank", "qk_nope_head_dim",
+                  "v_head_dim", "max_position_embeddings"):
+            _check(getattr(self, f) > 0, f"{p}{f} must be > 0, got {getattr(self, f)}")
+        _check(0 <= self.first_k_dense <= self.num_layers,
+               f"{p}first_k_dense must be in [0, num_layers={self.num_layers}], got {self.first_k_dense}")
+        _check(self.q_lora_rank >= 0, f"{p}q_lora_rank must be >= 0 (0 = plain q projection), "
+                                      f"got {self.q_lora_rank}")
+        _check(self.qk_rope_head_dim > 0 and self.qk_rope_head_dim % 2 == 0,
+               f"{p}qk_rope_head_dim must be a positive even number (RoPE rotates pairs), "
+               f"got {self.qk_rope_head_dim}")
+        _check(self.mtp_depth >= 0, f"{p}mtp_depth must be >= 0, got {self.mtp_depth}")
+        if self.num_moe_layers > 0 or self.mtp_depth > 0:
+            _check(self.num_routed_experts >= 1,
+                   f"{p}num_routed_experts must be >= 1, got {self.num_routed_experts}")
+            _check(1 <= self.num_experts_per_tok <= self.num_routed_experts,
+                   f"{p}num_experts_per_tok (top-k) must be in [1, num_routed_experts="
+                   f"{self.num_routed_experts}], got {self.num_experts_per_tok}")
+            _check(self.n_group >= 1 and self.num_routed_experts % self.n_group == 0,
+                   f"{p}n_group={self.n_group} must be >= 1 and divide num_routed_experts="
+                   f"{self.num_routed_experts}")
+            _check(1 <= self.topk_group <= self.n_group,
+                   f"{p}topk_group must be in [1, n_group={self.n_group}], got {self.topk_group}")
+            if self.n_group > 1:
+                per_group = self.num_routed_experts // self.n_group
+                _check(self.topk_group * per_group >= self.num_experts_per_tok,
+                       f"{p}topk_group={self.topk_group} groups of {per_group} experts hold fewer than "
+                       f"num_experts_per_tok={self.num_experts_per_tok} experts")
+                _check(self.scoring == ScoringFunc.SIGMOID and per_group >= 2,
+                       f"{p}group-limited routing (n_group > 1) needs sigmoid scoring and >= 2 "
+                       f"experts per group (group score = sum of its top-2)")
+            _check(self.num_shared_experts >= 0,
+                   f"{p}num_shared_experts must be >= 0, got {self.num_shared_experts}")
+        _check(self.routed_scaling_factor > 0,
+               f"{p}routed_scaling_factor must be > 0, got {self.routed_scaling_factor}")
+        _check(self.rms_norm_eps > 0, f"{p}rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        _check(self.router_bias_update_rate >= 0, f"{p}router_bias_update_rate must be >= 0")
+        _check(self.seq_aux_loss_coef >= 0, f"{p}seq_aux_loss_coef must be >= 0 (0 = off)")
+        _check(self.init_std > 0, f"{p}init_std must be > 0")
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+def kimi_k2_5() -> ModelConfig:
+    """Kimi K2.5's text model (= Kimi K2's DeepSeek-V3 architecture; moonshotai/Kimi-K2* config.json).
+
+    Disputed values, both configurable: rms_norm_eps (the released config.json says 1e-6; some
+    re-implementations use 1e-5) and YaRN beta_fast (the released config says 1.0; the DeepSeek
+    default is 32). The released config ships no MTP layers (num_nextn_predict_layers = 0).
+    """
+    return ModelConfig(
+        name="kimi_k2_5", vocab_size=163840, hidden_size=7168, num_layers=61, first_k_dense=1,
+        dense_intermediate_size=18432, moe_intermediate_size=2048, num_routed_experts=384,
+        num_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1,
+        routed_scaling_factor=2.827, scoring=ScoringFunc.SIGMOID, norm_topk_prob=True,
+        num_heads=64, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128,
+        rope=RopeConfig(theta=50000.0, scaling=RopeScaling.YARN, factor=64.0,
+                        original_max_position=4096, beta_fast=1.0, beta_slow=1.0, mscale=1.0,
+                        mscale_all_dim=1.0, interleaved=True),
+        max_position_embeddings=262144, rms_norm_eps=1e-6, mtp_depth=0,
+        param_dtype=DType.BFLOAT16, compute_dtype=DType.BFLOAT16)
+
+
+def deepseek_v3() -> ModelConfig:
+    """DeepSeek-V3 (671B total / 37B active; deepseek-ai/DeepSeek-V3 config.json)."""
+    return ModelConfig(
+        name="deepseek_v3", vocab_size=129280, hidden_size=7168, num_layers=61, first_k_dense=3,
+        dense_intermediate_size=18432, moe_intermediate_size=2048, num_routed_experts=256,
+        num_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4,
+        routed_scaling_factor=2.5, scoring=ScoringFunc.SIGMOID, norm_topk_prob=True,
+        num_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128,
+        rope=RopeConfig(theta=10000.0, scaling=RopeScaling.YARN, factor=40.0,
+                        original_max_position=4096, beta_fast=32.0, beta_slow=1.0, mscale=1.0,
+                        mscale_all_dim=1.0, interleaved=True),
+        max_position_embeddings=163840, rms_norm_eps=1e-6, mtp_depth=1,
+        param_dtype=DType.BFLOAT16, compute_dtype=DType.BFLOAT16)
+
+
+def tiny() -> ModelConfig:
+    """Tests: every feature on, a forward pass in well under a second on CPU."""
+    return ModelConfig(name="tiny")
+
+
+def small() -> ModelConfig:
+    """CPU experiments: learns Python code in tens of minutes on 2 cores."""
+    return ModelConfig(
+        name="small", vocab_size=4096, hidden_size=256, num_layers=4, first_k_dense=1,
+        dense_intermediate_size=768, moe_intermediate_size=128, num_routed_experts=32,
+        num_shared_experts=1, num_experts_per_tok=4, n_group=4, topk_group=2,
+        routed_scaling_factor=2.5, num_heads=4, q_lora_rank=128, kv_lora_rank=64,
+        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        rope=RopeConfig(theta=10000.0), max_position_embeddings=4096, mtp_depth=1)
+
+
+MODEL_PRESETS = {"kimi_k2_5": kimi_k2_5, "deepseek_v3": deepseek_v3, "tiny": tiny, "small": small}
+
+
+# ----------------------------------------------------------------------------------------------
+# Mesh
+# ----------------------------------------------------------------------------------------------
+
+
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the named mesh axes; at most one may be -1 (filled from the device count).
+
+    `rules` names a preset of the logical-axis -> mesh-axis rules table (composer_jax.parallel).
+    `dcn_*` give the sizes of each axis across slices/hosts over the slow network (1 = all ICI).
+    """
+    data: int = 1
+    fsdp: int = -1
+    expert: int = 1
+    context: int = 1
+    tensor: int = 1
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
+    rules: str = "fsdp"
+    num_devices: int = 0   # 0 = all visible devices; > 0 with --dry_run makes a virtual mesh
+
+    def __post_init__(self):
+        sizes = self.axis_sizes()
+        autos = [a for a, s in sizes.items() if s == -1]
+        _check(len(autos) <= 1, f"mesh: at most one axis may be -1 (auto), got {autos}")
+        for a, s in sizes.items():
+            _check(s == -1 or s >= 1, f"mesh.{a} must be >= 1 or -1 (auto), got {s}")
+        _check(self.dcn_data >= 1 and self.dcn_fsdp >= 1, "mesh.dcn_* must be >= 1")
+        _check(self.num_devices >= 0, f"mesh.num_devices must be >= 0, got {self.num_devices}")
+
+    def axis_sizes(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in MESH_AXES}
+
+    def resolved(self, num_devices: int) -> dict[str, int]:
+        """Axis sizes with the -1 axis filled so their product is `num_devices`."""
+        sizes = self.axis_sizes()
+        fixed = math.prod(s for s in sizes.values() if s != -1)
+        auto = [a for a, s in sizes.items() if s == -1]
+        if auto:
+            _check(num_devices % fixed == 0,
+                   f"mesh: {num_devices} devices are not divisible by the fixed axes "
+                   f"{ {a: s for a, s in sizes.items() if s != -1} } (product {fixed})")
+            sizes[auto[0]] = num_devices // fixed
+        _check(math.prod(sizes.values()) == num_devices,
+               f"mesh: axis sizes {sizes} multiply to {math.prod(sizes.values())}, "
+               f"but there are {num_devices} devices")
+        return sizes
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------
+
+
+class Optimizer(str, enum.Enum):
+    ADAMW = "adamw"
+    MUON = "muon"     # Muon on 2-D matrices, AdamW on the rest
+
+
+class Schedule(str, enum.Enum):
+    COSINE = "cosine"     # linear warmup + cosine decay to min_lr_ratio * lr
+    WSD = "wsd"           # warmup, stable, then linear decay over the last decay_fraction
+    CONSTANT = "constant"
+
+
+class MTPLoss(str, enum.Enum):
+    SUPERVISED = "supervised"         # CE against the token k steps ahead
+    SELF_DISTILL = "self_distill"     # KL towards the stop-gradient main head's distribution
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and loop settings (sequence length and global batch live in `data`)."""
+    steps: int = 100
+    microbatches: int = 1          # gradient accumulation: data.global_batch_size is split in this many
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    schedule: Schedule = Schedule.COSINE
+    decay_fraction: float = 0.2
+    optimizer: Optimizer = Optimizer.ADAMW
+    b1: float = 0.9
+    b2: float = 0.95
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    mtp_loss: MTPLoss = MTPLoss.SUPERVISED
+    mtp_lambda: float = 0.3
+    z_loss: float = 0.0
+    max_nonfinite_steps: int = 5
+    log_every: int = 10
+    eval_every: int = 50
+    eval_batches: int = 4
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    init_from: str = ""            # checkpoint dir or HF dir to start from ("" = random init)
+
+    def __post_init__(self):
+        p = "train."
+        for f in ("steps", "microbatches", "log_every", "eval_every",
+                  "checkpoint_every", "keep_checkpoints", "max_nonfinite_steps"):
+            _check(getattr(self, f) >= 1, f"{p}{f} must be >= 1, got {getattr(self, f)}")
+        _check(self.lr > 0, f"{p}lr must be > 0, got {self.lr}")
+        _check(0 <= self.min_lr_ratio <= 1, f"{p}min_lr_ratio must be in [0, 1]")
+        _check(0 <= self.warmup_steps <= self.steps, f"{p}warmup_steps must be in [0, steps]")
+        _check(0 < self.decay_fraction <= 1, f"{p}decay_fraction must be in (0, 1]")
+        _check(self.mtp_lambda >= 0 and self.z_loss >= 0 and self.weight_decay >= 0,
+               f"{p}mtp_lambda, z_loss and weight_decay must be >= 0")
+        _check(self.grad_clip >= 0, f"{p}grad_clip must be >= 0 (0 = off)")
+
+
+# ----------------------------------------------------------------------------------------------
+# RL and evaluation
+# ----------------------------------------------------------------------------------------------
+
+
+class PolicyLoss(str, enum.Enum):
+    TRUNCATED_IS = "truncated_is"   # REINFORCE with truncated importance weights (default)
+    PPO_CLIP = "ppo_clip"
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """Asynchronous policy-gradient RL (DESIGN.md "Asynchronous RL")."""
+    group_size: int = 4                 # samples per task; advantage = R - group mean
+    loss: PolicyLoss = PolicyLoss.TRUNCATED_IS
+    is_truncation: float = 2.0          # cap on the behaviour importance ratio
+    clip_eps: float = 0.2               # PPO clipping (loss=ppo_clip)
+    loss_normalizer: float = 4096.0     # token sums are divided by this constant (Dr.GRPO)
+    kl_coef: float = 0.0                # k1 KL penalty placed in the reward
+    length_penalty_k: float = 0.01
+    length_penalty_q: float = 0.5
+    max_staleness: int = 4              # admission control: versions ahead of the trainer
+    full_snapshot_every: int = 10       # weight sync: a full snapshot every K versions
+
+    def __post_init__(self):
+        _check(self.group_size >= 1, "rl.group_size must be >= 1")
+        _check(self.is_truncation >= 1, "rl.is_truncation must be >= 1")
+        _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
+        _check(self.loss_normalizer > 0, "rl.loss_normalizer must be > 0")
+        _check(self.length_penalty_k > 0 and self.length_penalty_q >= 0,
+               "rl.length_penalty_k must be > 0 and rl.length_penalty_q >= 0")
+        _check(self.max_staleness >= 0, "rl.max_staleness must be >= 0")
+        _check(self.full_snapshot_every >= 1, "rl.full_snapshot_every must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    num_tasks: int = 50
+    max_turns: int = 30
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+
+    def __post_init__(self):
+        _check(self.num_tasks >= 1 and self.max_turns >= 1 and self.max_new_tokens >= 1,
+               "eval.num_tasks, eval.max_turns and eval.max_new_tokens must be >= 1")
+        _check(self.temperature >= 0, "eval.temperature must be >= 0")
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole config
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelConfig = dataclasses.field(default_factory=tiny)
+    mesh: MeshConfig = MeshConfig()
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = TrainConfig()
+    rl: RLConfig = RLConfig()
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    eval: EvalConfig = EvalConfig()
+    seed: int = 0
+
+    def __post_init__(self):
+        _check(self.data.global_batch_size % self.train.microbatches == 0,
+               f"train.microbatches={self.train.microbatches} must divide data.global_batch_size="
+               f"{self.data.global_batch_size}")
+
+
+# Sections that `--set SECTION=PRESET` may replace wholesale.
+SECTION_PRESETS = {"model": MODEL_PRESETS}
+
+
+def to_dict(cfg) -> dict:
+    """A JSON-ready dict of a config (enums become their string values)."""
+    def conv(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, enum.Enum):
+            return v.value
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        return v
+    return conv(cfg)
+
+
+def from_dict(cls, d: dict):
+    """Inverse of `to_dict` (validates, like every construction)."""
+    from composer_jax.overrides import build_dataclass
+    return build_dataclass(cls, d)

@@ -1,0 +1,100 @@
+"""Small building blocks: parameters with logical axis names, RMSNorm, embedding, SwiGLU MLP.
+
+Every parameter is an `nnx.Param` (or `RouterBias`) carrying `axes`, a tuple of logical axis names
+(one per dimension). The parallelism code maps names to mesh axes with one rules table; nothing here
+needs a mesh. Modules may be *stacked*: `stack=(L,)` gives every parameter a leading layer axis named
+"layers", and the transformer scans over it.
+
+Shape glossary: B batch, T tokens, D model dim, F FFN width, V vocab, L stacked layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from composer_jax.config import ModelConfig
+
+
+class RouterBias(nnx.Variable):
+    """Per-expert selection bias: updated by the load-balancing rule, never by the optimizer."""
+
+
+def dtype_of(name) -> jnp.dtype:
+    return jnp.dtype(getattr(name, "value", name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Ctx:
+    """What every forward needs besides parameters: compute dtype, matmul precision, config."""
+    cfg: ModelConfig
+
+    @property
+    def dtype(self):
+        return dtype_of(self.cfg.compute_dtype)
+
+
+def make_param(rngs: nnx.Rngs | None, shape: tuple[int, ...], axes: tuple[str | None, ...],
+               cfg: ModelConfig, stack: tuple[int, ...] = (), init: str = "normal",
+               fan_in: int | None = None, kind=nnx.Param):
+    """A parameter of `stack + shape` with logical `axes` ("layers" prepended when stacked).
+
+    init: "normal" (std = cfg.init_std), "ones", "zeros".
+    """
+    assert len(shape) == len(axes), (shape, axes)
+    full = tuple(stack) + tuple(shape)
+    dtype = dtype_of(cfg.param_dtype) if kind is nnx.Param else jnp.float32
+    if init == "normal":
+        value = cfg.init_std * jax.random.normal(rngs.params(), full, jnp.float32)
+    elif init == "ones":
+        value = jnp.ones(full, jnp.float32)
+    elif init == "zeros":
+        value = jnp.zeros(full, jnp.float32)
+    else:
+        raise ValueError(f"unknown init {init!r}")
+    full_axes = ("layers",) * len(stack) + tuple(axes)
+    return kind(value.astype(dtype), axes=full_axes)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32, returned in x's dtype. x [..., D], weight [D]."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def linear(x: jax.Array, w: jax.Array, ctx: Ctx, spec: str = "...d,df->...f") -> jax.Array:
+    """A matmul of activations with a weight in the compute dtype, accumulated in float32.
+
+    Every dense/expert matmul of the model goes through here (or `composer_jax.model.moe`'s grouped
+    matmul), so the low-precision recipe has one place to hook in.
+    """
+    dt = ctx.dtype
+    y = jnp.einsum(spec, x.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+    return y.astype(dt)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, cfg: ModelConfig, stack: tuple[int, ...] = (), axis_name="norm",
+                 eps: float | None = None):
+        self.weight = make_param(None, (dim,), (axis_name,), cfg, stack, init="ones")
+        self.eps = cfg.rms_norm_eps if eps is None else eps
+
+    def __call__(self, x):
+        return rms_norm(x, self.weight[...], self.eps)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(x @ gate) * (x @ up)). gate/up [D, F], down [F, D]."""
+
+    def __init__(self, cfg: ModelConfig, width: int, rngs: nnx.Rngs, stack: tuple[int, ...] = ()):
+        d = cfg.hidden_size
+        self.gate = make_param(rngs, (d, width), ("embed", "mlp"), cfg, stack)
+        self.up = make_param(rngs, (d, width), ("embed", "mlp"), cfg, stack)
+        self.down = make_param(rngs, (width, d), ("mlp", "embed"), cfg, stack)
+
+    def __call__(self, x, ctx: Ctx):
+        h = jax.nn.silu(linear(x, self.gate[...], ctx)) * linear(x, self.up[...], ctx)
+        return linear(h, self.down[...], ctx)

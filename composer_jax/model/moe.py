@@ -1,0 +1,96 @@
+"""Mixture-of-experts FFN: routed SwiGLU experts plus always-on shared experts.
+
+Two dispatch paths with identical results:
+  * `dispatch_ragged` (default): dropless. The N*K (token, expert) assignments are sorted by expert,
+    the expert FFNs run as grouped matmuls (`jax.lax.ragged_dot`, one group per expert), and outputs
+    are un-sorted and summed with the combine weights.
+  * `dispatch_dense`: every expert processes every token, outputs masked by the (mostly zero) dense
+    combine matrix. O(E) compute; a reference for tests.
+
+Shape glossary: N tokens, D model dim, F expert width, E routed experts, K experts per token,
+B batch, T tokens per sequence.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from composer_jax.config import ModelConfig, MoEImpl
+from composer_jax.model import router as router_lib
+from composer_jax.model.layers import MLP, Ctx, RouterBias, linear, make_param
+
+
+def _grouped(x, w, group_sizes, ctx: Ctx):
+    dt = ctx.dtype
+    y = jax.lax.ragged_dot(x.astype(dt), w.astype(dt), group_sizes,
+                           preferred_element_type=jnp.float32)
+    return y.astype(dt)
+
+
+def dispatch_ragged(x, idx, weights, w_gate, w_up, w_down, ctx: Ctx):
+    """x [N, D], idx/weights [N, K], w_gate/w_up [E, D, F], w_down [E, F, D] -> [N, D]."""
+    n, k = idx.shape
+    e = w_gate.shape[0]
+    flat = idx.reshape(-1)                                           # [N*K]
+    order = jnp.argsort(flat, stable=True)                           # assignments sorted by expert
+    group_sizes = jnp.bincount(flat, length=e).astype(jnp.int32)     # [E]
+    xs = x[order // k]                                               # [N*K, D]
+    h = jax.nn.silu(_grouped(xs, w_gate, group_sizes, ctx)) * _grouped(xs, w_up, group_sizes, ctx)
+    ys = _grouped(h, w_down, group_sizes, ctx)                       # [N*K, D]
+    inverse = jnp.argsort(order)
+    y = ys[inverse].reshape(n, k, -1)
+    return jnp.einsum("nkd,nk->nd", y.astype(jnp.float32), weights).astype(x.dtype)
+
+
+def dispatch_dense(x, idx, weights, w_gate, w_up, w_down, ctx: Ctx):
+    """Same contract as `dispatch_ragged`; every expert runs on every token (reference)."""
+    e = w_gate.shape[0]
+    combine = (jax.nn.one_hot(idx, e, dtype=jnp.float32) * weights[..., None]).sum(1)  # [N, E]
+    g = linear(x, w_gate, ctx, "nd,edf->enf")
+    u = linear(x, w_up, ctx, "nd,edf->enf")
+    y = linear(jax.nn.silu(g) * u, w_down, ctx, "enf,efd->end")                      # [E, N, D]
+    return jnp.einsum("end,ne->nd", y.astype(jnp.float32), combine).astype(x.dtype)
+
+
+class MoE(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: tuple[int, ...] = ()):
+        d, e, f = cfg.hidden_size, cfg.num_routed_experts, cfg.moe_intermediate_size
+        self.router = make_param(rngs, (d, e), ("embed", "router"), cfg, stack)
+        self.bias = make_param(None, (e,), ("router",), cfg, stack, init="zeros", kind=RouterBias)
+        self.w_gate = make_param(rngs, (e, d, f), ("expert", "embed", "expert_mlp"), cfg, stack)
+        self.w_up = make_param(rngs, (e, d, f), ("expert", "embed", "expert_mlp"), cfg, stack)
+        self.w_down = make_param(rngs, (e, f, d), ("expert", "expert_mlp", "embed"), cfg, stack)
+        if cfg.num_shared_experts > 0:
+            self.shared = MLP(cfg, cfg.num_shared_experts * f, rngs, stack)
+        else:
+            self.shared = None
+
+    def __call__(self, x, segment_ids, ctx: Ctx, replay_idx=None):
+        """x [B,T,D] -> (y [B,T,D], aux) with aux = {counts [E], idx [B,T,K], balance_loss []}.
+
+        replay_idx [B,T,K]: router replay (use these experts). Padding tokens (segment 0) are
+        routed like any other but not counted in the loads.
+        """
+        cfg = ctx.cfg
+        b, t, d = x.shape
+        xf = x.reshape(b * t, d)
+        logits = jnp.einsum("nd,de->ne", xf.astype(jnp.float32),
+                            self.router[...].astype(jnp.float32))
+        replay = None if replay_idx is None else replay_idx.reshape(b * t, -1)
+        idx, weights, scores = router_lib.route(logits, self.bias[...], cfg, replay)
+        dispatch = dispatch_ragged if cfg.moe_impl == MoEImpl.RAGGED else dispatch_dense
+        y = dispatch(xf, idx, weights, self.w_gate[...], self.w_up[...], self.w_down[...], ctx)
+        y = y.reshape(b, t, d)
+        if self.shared is not None:
+            y = y + self.shared(x, ctx)
+        valid = (segment_ids != 0)
+        aux = {
+            "counts": router_lib.expert_counts(idx, cfg.num_routed_experts, valid.reshape(-1)),
+            "idx": idx.reshape(b, t, -1),
+            "balance_loss": (router_lib.sequence_balance_loss(
+                scores.reshape(b, t, -1), idx.reshape(b, t, -1), cfg.num_routed_experts,
+                cfg.num_experts_per_tok, valid) if cfg.seq_aux_loss_coef > 0
+                else jnp.zeros((), jnp.float32)),
+        }
+        return y, aux

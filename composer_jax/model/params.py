@@ -1,0 +1,54 @@
+"""Building the model and counting its parameters without allocating them."""
+from __future__ import annotations
+
+import math
+
+import jax
+from flax import nnx
+
+from composer_jax.config import ModelConfig
+from composer_jax.model.layers import RouterBias
+from composer_jax.model.transformer import Transformer
+
+
+def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    """A randomly initialised model (parameters allocated on the default device)."""
+    return Transformer(cfg, rngs=nnx.Rngs(params=seed))
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
+    """The model with `jax.ShapeDtypeStruct` leaves: shapes and dtypes only, nothing allocated."""
+    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
+
+
+def _is_routed_expert(path) -> bool:
+    keys = [str(getattr(p, "key", p)) for p in path]
+    return any(k in ("w_gate", "w_up", "w_down") for k in keys)
+
+
+def count_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(total, active) trainable parameter counts via `jax.eval_shape` (allocates nothing).
+
+    Counted: every `nnx.Param` — token embedding, untied LM head, all attention/FFN/norm weights,
+    router weights, shared experts, routed experts and the MTP modules (cfg.mtp_depth of them; the
+    MTP modules share the embedding and head, which are counted once). Not counted: the router
+    selection biases (RouterBias, not trained by the optimizer).
+    Active = total minus the routed experts a token does not use: each MoE layer (MTP blocks
+    included) keeps num_experts_per_tok of its num_routed_experts experts.
+    """
+    model = abstract_model(cfg)
+    state = nnx.state(model, nnx.Param)
+    total = routed = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        n = math.prod(leaf.shape)
+        total += n
+        if _is_routed_expert(path):
+            routed += n
+    unused = routed * (cfg.num_routed_experts - cfg.num_experts_per_tok) // cfg.num_routed_experts
+    return total, total - unused
+
+
+def count_router_bias(cfg: ModelConfig) -> int:
+    model = abstract_model(cfg)
+    leaves = jax.tree.leaves(nnx.state(model, RouterBias))
+    return sum(math.prod(x.shape) for x in leaves)

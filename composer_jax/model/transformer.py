@@ -1,0 +1,176 @@
+"""The DeepSeek-V3 / Kimi-K2 transformer with multi-token prediction (MTP).
+
+Layout: token embedding -> `first_k_dense` dense blocks (one stacked, scanned module) -> MoE blocks
+(a second stack) -> final RMSNorm -> untied LM head. MTP module k (1..D) takes the previous depth's
+hidden state h_{k-1} (h_0 = the main model's last hidden state, before the final norm) and the
+embedding of token i+k: h'_k = eh_proj([RMSNorm(Emb(t_{i+k})); RMSNorm(h_{k-1})]) (the order of the
+DeepSeek-V3 checkpoints), one transformer block, then its own RMSNorm and the shared LM head.
+MTP modules are a stack of depth D scanned sequentially.
+
+Use functionally: `graphdef, state = nnx.split(model)`; `nnx.merge(graphdef, state)(tokens)`.
+
+Shape glossary: B batch, T tokens, D model dim, V vocab, K experts per token, E routed experts,
+Lm MoE layers, Dm MTP depth.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from composer_jax.config import ModelConfig, Remat
+from composer_jax.model.attention import MLA
+from composer_jax.model.layers import MLP, Ctx, RMSNorm, linear, make_param
+from composer_jax.model.moe import MoE
+
+
+@struct.dataclass
+class ModelOutput:
+    """logits [B,T,V] f32; mtp_logits [Dm,B,T,V] or None; hidden [B,T,D] (pre-final-norm);
+    expert_counts [Lm,E] and mtp_expert_counts [Dm,E] (int32, padding excluded);
+    router_indices [Lm,B,T,K] and mtp_router_indices [Dm,B,T,K] (int32) or None;
+    balance_loss: summed sequence-wise balance loss of all MoE layers (0 when disabled)."""
+    logits: jax.Array
+    mtp_logits: jax.Array | None
+    hidden: jax.Array
+    expert_counts: jax.Array | None
+    mtp_expert_counts: jax.Array | None
+    router_indices: jax.Array | None
+    mtp_router_indices: jax.Array | None
+    balance_loss: jax.Array
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then + ffn(norm(x)); ffn dense or MoE."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: tuple[int, ...], moe: bool):
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg, stack)
+        self.attn = MLA(cfg, rngs, stack)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg, stack)
+        self.is_moe = moe
+        self.ffn = MoE(cfg, rngs, stack) if moe else MLP(cfg, cfg.dense_intermediate_size, rngs,
+                                                         stack)
+
+    def __call__(self, x, positions, segment_ids, ctx: Ctx, replay_idx=None):
+        x = x + self.attn(self.attn_norm(x), positions, segment_ids, ctx)
+        h = self.ffn_norm(x)
+        if self.is_moe:
+            y, aux = self.ffn(h, segment_ids, ctx, replay_idx)
+        else:
+            y, aux = self.ffn(h, ctx), None
+        return x + y, aux
+
+
+def _remat(fn, policy: Remat):
+    if policy == Remat.NONE:
+        return fn
+    if policy == Remat.FULL:
+        return jax.checkpoint(fn)
+    if policy == Remat.DOTS:
+        return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable)
+    return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+
+
+def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None):
+    """Runs a stack of L blocks with lax.scan. replay [L,B,T,K] or None -> (x, stacked aux)."""
+    graphdef, state = nnx.split(blocks)
+
+    def body(h, xs):
+        layer_state, layer_replay = xs
+        return nnx.merge(graphdef, layer_state)(h, positions, segment_ids, ctx, layer_replay)
+
+    return jax.lax.scan(_remat(body, ctx.cfg.remat), x, (state, replay))
+
+
+class MTPLayers(nnx.Module):
+    """D stacked MTP modules (DeepSeek-V3 style), sharing the model's embedding and LM head."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, moe: bool):
+        stack = (cfg.mtp_depth,)
+        d = cfg.hidden_size
+        self.enorm = RMSNorm(d, cfg, stack)
+        self.hnorm = RMSNorm(d, cfg, stack)
+        self.eh_proj = make_param(rngs, (2 * d, d), ("mtp_concat", "embed"), cfg, stack)
+        self.block = Block(cfg, rngs, stack, moe)
+        self.norm = RMSNorm(d, cfg, stack)
+
+    def __call__(self, h0, future_emb, positions, segment_ids, ctx: Ctx, replay=None):
+        """h0 [B,T,D], future_emb [Dm,B,T,D] (Emb(t_{i+k})) -> normed hiddens [Dm,B,T,D], aux."""
+        graphdef, state = nnx.split(self)
+
+        def body(h, xs):
+            st, emb, rep = xs
+            m = nnx.merge(graphdef, st)
+            x = jnp.concatenate([m.enorm(emb), m.hnorm(h)], axis=-1)
+            x = linear(x, m.eh_proj[...], ctx)
+            x, aux = m.block(x, positions, segment_ids, ctx, rep)
+            return x, (m.norm(x), aux)
+
+        _, (normed, aux) = jax.lax.scan(_remat(body, ctx.cfg.remat), h0, (state, future_emb, replay))
+        return normed, aux
+
+
+def shift_tokens(tokens: jax.Array, k: int) -> jax.Array:
+    """tokens [B,T] shifted left by k (t_{i+k}), zero-padded at the end."""
+    return jnp.pad(tokens[:, k:], ((0, 0), (0, k)))
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, v = cfg.hidden_size, cfg.vocab_size
+        self.embed = make_param(rngs, (v, d), ("vocab", "embed"), cfg)
+        has_moe = cfg.num_moe_layers > 0
+        self.dense_layers = (Block(cfg, rngs, (cfg.first_k_dense,), moe=False)
+                             if cfg.first_k_dense > 0 else None)
+        self.moe_layers = Block(cfg, rngs, (cfg.num_moe_layers,), moe=True) if has_moe else None
+        self.final_norm = RMSNorm(d, cfg)
+        self.lm_head = make_param(rngs, (d, v), ("embed", "vocab"), cfg)
+        self.mtp = MTPLayers(cfg, rngs, moe=has_moe) if cfg.mtp_depth > 0 else None
+
+    def embed_tokens(self, tokens, ctx: Ctx):
+        return jnp.take(self.embed[...], tokens, axis=0).astype(ctx.dtype)
+
+    def head(self, h, ctx: Ctx):
+        """Normed hidden [..., D] -> float32 logits [..., V]."""
+        return jnp.einsum("...d,dv->...v", h.astype(ctx.dtype), self.lm_head[...].astype(ctx.dtype),
+                          preferred_element_type=jnp.float32)
+
+    def __call__(self, tokens, positions=None, segment_ids=None, router_replay=None,
+                 mtp_router_replay=None, with_mtp: bool = True) -> ModelOutput:
+        """tokens [B,T] int -> ModelOutput.
+
+        positions [B,T] (default arange; restart per packed document), segment_ids [B,T]
+        (default all 1; 0 = padding; attention never crosses segments), router_replay [Lm,B,T,K]
+        and mtp_router_replay [Dm,B,T,K]: expert indices to reuse instead of routing afresh.
+        """
+        cfg = self.cfg
+        ctx = Ctx(cfg)
+        b, t = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        if segment_ids is None:
+            segment_ids = jnp.ones((b, t), jnp.int32)
+        x = self.embed_tokens(tokens, ctx)
+        if self.dense_layers is not None:
+            x, _ = scan_blocks(self.dense_layers, x, positions, segment_ids, ctx)
+        counts = indices = None
+        balance = jnp.zeros((), jnp.float32)
+        if self.moe_layers is not None:
+            x, aux = scan_blocks(self.moe_layers, x, positions, segment_ids, ctx, router_replay)
+            counts, indices = aux["counts"], aux["idx"]
+            balance = balance + aux["balance_loss"].sum()
+        logits = self.head(self.final_norm(x), ctx)
+        mtp_logits = mtp_counts = mtp_indices = None
+        if self.mtp is not None and with_mtp:
+            future = jnp.stack([self.embed_tokens(shift_tokens(tokens, k), ctx)
+                                for k in range(1, cfg.mtp_depth + 1)])
+            normed, aux = self.mtp(x, future, positions, segment_ids, ctx, mtp_router_replay)
+            mtp_logits = self.head(normed, ctx)
+            if aux is not None:
+                mtp_counts, mtp_indices = aux["counts"], aux["idx"]
+                balance = balance + aux["balance_loss"].sum()
+        return ModelOutput(logits=logits, mtp_logits=mtp_logits, hidden=x,
+                           expert_counts=counts, mtp_expert_counts=mtp_counts,
+                           router_indices=indices, mtp_router_indices=mtp_indices,
+                           balance_loss=balance)

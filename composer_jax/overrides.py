@@ -1,0 +1,150 @@
+"""Typed `key.path=value` overrides on frozen config dataclasses.
+
+Syntax (repeatable, applied left to right):
+  --set train.lr=3e-4            a scalar field (int, float, str, bool, enum by value)
+  --set model=small              a whole section replaced by a named preset (SECTION_PRESETS)
+  --set model.rope.factor=32     nested sections by dots
+  --set data.roots=a,b           tuple fields as comma-separated values ("" = empty tuple)
+
+An unknown key names the valid keys at that level; a badly typed value says what type was expected.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+
+from composer_jax.errors import ConfigError
+
+
+def _field_types(cls) -> dict[str, type]:
+    return typing.get_type_hints(cls)
+
+
+def parse_value(text: str, typ, where: str):
+    """Parses `text` as a value of type `typ`; raises ConfigError naming `where` and the type."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if text.lower() in ("none", "null") and len(args) < len(typing.get_args(typ)):
+            return None
+        return parse_value(text, args[0], where)
+    if origin is tuple:
+        args = typing.get_args(typ)
+        elem = args[0] if args else str
+        if text.strip() == "":
+            return ()
+        return tuple(parse_value(t.strip(), elem, where) for t in text.split(","))
+    if isinstance(typ, type) and issubclass(typ, enum.Enum):
+        valid = [m.value for m in typ]
+        for m in typ:
+            if text == m.value or text.lower() == m.name.lower():
+                return m
+        raise ConfigError(f"{where}: {text!r} is not a valid {typ.__name__}; expected one of {valid}")
+    if typ is bool:
+        low = text.lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected a bool (true/false), got {text!r}")
+    if typ is int:
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                f = float(text)
+            except ValueError:
+                f = None
+            if f is not None and f.is_integer():
+                return int(f)
+            raise ConfigError(f"{where}: expected an int, got {text!r}") from None
+    if typ is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{where}: expected a float, got {text!r}") from None
+    if typ is str:
+        return text
+    raise ConfigError(f"{where}: fields of type {typ} cannot be set from the command line")
+
+
+def apply_override(cfg, key: str, text: str, presets: dict | None = None, prefix: str = ""):
+    """Returns a copy of dataclass `cfg` with the dotted `key` set from string `text`.
+
+    presets: {section name: {preset name: () -> section}}, for `--set section=preset`.
+    """
+    presets = presets or {}
+    head, _, rest = key.partition(".")
+    where = prefix + head
+    names = [f.name for f in dataclasses.fields(cfg)]
+    if head not in names:
+        raise ConfigError(f"unknown config key {where!r}; valid keys at this level: "
+                          f"{', '.join(prefix + n for n in names)}")
+    current = getattr(cfg, head)
+    typ = _field_types(type(cfg))[head]
+    try:
+        if rest:
+            if not dataclasses.is_dataclass(current):
+                raise ConfigError(f"{where} is a {type(current).__name__}, not a section; "
+                                  f"cannot set {prefix + key!r}")
+            value = apply_override(current, rest, text, presets.get(head), where + ".")
+        elif dataclasses.is_dataclass(current):
+            table = presets.get(head) or {}
+            if not isinstance(table, dict) or text not in table:
+                valid = sorted(table) if isinstance(table, dict) else []
+                raise ConfigError(f"{where} is a section; set one of its keys ({where}.KEY=VALUE) "
+                                  f"or a preset name: {valid or 'none defined'}; got {text!r}")
+            value = table[text]()
+        else:
+            value = parse_value(text, typ, where)
+        return dataclasses.replace(cfg, **{head: value})
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def apply_overrides(cfg, overrides: list[str], presets: dict | None = None):
+    """Applies `key=value` strings in order; each is validated when its section is rebuilt."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value")
+        key, _, text = item.partition("=")
+        cfg = apply_override(cfg, key.strip(), text.strip(), presets)
+    return cfg
+
+
+def build_dataclass(cls, d: dict, prefix: str = ""):
+    """Builds dataclass `cls` from a (JSON) dict, converting enums, tuples and nested sections."""
+    hints = _field_types(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names
+    if unknown:
+        raise ConfigError(f"unknown config keys {sorted(prefix + u for u in unknown)}; "
+                          f"valid: {sorted(prefix + n for n in names)}")
+    kwargs = {}
+    for name, value in d.items():
+        typ = hints[name]
+        kwargs[name] = _convert(value, typ, prefix + name)
+    return cls(**kwargs)
+
+
+def _convert(value, typ, where):
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        typ = [a for a in typing.get_args(typ) if a is not type(None)][0]
+        origin = typing.get_origin(typ)
+    if dataclasses.is_dataclass(typ):
+        return build_dataclass(typ, value, where + ".")
+    if origin is tuple:
+        args = typing.get_args(typ)
+        return tuple(_convert(v, args[0] if args else str, where) for v in value)
+    if isinstance(typ, type) and issubclass(typ, enum.Enum):
+        return typ(value)
+    if typ is float and isinstance(value, int):
+        return float(value)
+    return value

@@ -1,0 +1,56 @@
+"""Experiment registry: experiments register by name from modules under `experiments/`.
+
+An experiment is a name, a one-line description, a function that builds its default `Config`, and a
+function `run(config, workdir)` that does the work. `launch.py` resolves overrides on top of the
+default config, validates it, writes `config.json` and calls `run`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pathlib
+import pkgutil
+from typing import Callable
+
+from composer_jax.errors import ExperimentError
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    make_config: Callable[[], object]
+    run: Callable[[object, pathlib.Path], None]
+
+
+_REGISTRY: dict[str, Experiment] = {}
+
+
+def register(name: str, description: str, make_config: Callable[[], object],
+             run: Callable[[object, pathlib.Path], None]) -> Experiment:
+    """Registers an experiment; a second registration under the same name is an error."""
+    if name in _REGISTRY:
+        raise ValueError(f"experiment {name!r} is registered twice")
+    exp = Experiment(name, description, make_config, run)
+    _REGISTRY[name] = exp
+    return exp
+
+
+def load_all() -> dict[str, Experiment]:
+    """Imports every module of the `experiments` package so that each registers its experiments."""
+    import experiments  # noqa: F401  (top-level package beside launch.py)
+
+    for info in pkgutil.iter_modules(experiments.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"experiments.{info.name}")
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> Experiment:
+    """Returns the named experiment or raises ExperimentError listing the valid names."""
+    experiments = load_all()
+    if name not in experiments:
+        valid = ", ".join(sorted(experiments)) or "(none registered)"
+        raise ExperimentError(f"unknown experiment {name!r}; valid experiments: {valid} "
+                              f"(or 'list' to print them with descriptions)")
+    return experiments[name]

@@ -1,0 +1,61 @@
+"""composer_jax entry point.
+
+  python launch.py --experiment=list
+  python launch.py --experiment=NAME [--workdir=DIR] [--set key.path=value ...] [--dry_run]
+
+Experiments register by name from the modules under `experiments/`. `--set` overrides are typed
+and validated (see composer_jax/overrides.py); the resolved config is written to
+WORKDIR/config.json before the experiment runs. `--dry_run` builds the model abstractly, counts
+parameters and FLOPs/token and writes WORKDIR/dry_run.json without allocating parameters.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+from absl import app, flags, logging
+
+flags.DEFINE_string("experiment", None, "experiment name, or 'list' to list them")
+flags.DEFINE_string("workdir", None, "run directory (default: runs/EXPERIMENT)")
+flags.DEFINE_multi_string("set", [], "override: key.path=value (repeatable)")
+flags.DEFINE_bool("dry_run", False, "build and count/compile abstractly; run nothing")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    from composer_jax import registry
+    from composer_jax.config import SECTION_PRESETS, to_dict
+    from composer_jax.errors import ComposerError
+    from composer_jax.overrides import apply_overrides
+
+    try:
+        if FLAGS.experiment in (None, "", "list"):
+            exps = registry.load_all()
+            width = max(len(n) for n in exps)
+            print("experiments (python launch.py --experiment=NAME):")
+            for name in sorted(exps):
+                print(f"  {name:<{width}}  {exps[name].description}")
+            return 0
+        exp = registry.get(FLAGS.experiment)
+        cfg = apply_overrides(exp.make_config(), FLAGS.set, SECTION_PRESETS)
+        workdir = pathlib.Path(FLAGS.workdir or f"runs/{exp.name}").absolute()
+        workdir.mkdir(parents=True, exist_ok=True)
+        tmp = workdir / "config.json.tmp"
+        tmp.write_text(json.dumps(to_dict(cfg), indent=2))
+        tmp.replace(workdir / "config.json")
+        if FLAGS.dry_run:
+            from composer_jax.dry_run import dry_run
+            dry_run(cfg, workdir)
+        else:
+            exp.run(cfg, workdir)
+        return 0
+    except ComposerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    app.run(main)
