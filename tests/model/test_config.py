@@ -1,0 +1,92 @@
+"""Config validation, presets and parameter counts, and CLI override errors."""
+import dataclasses
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from composer_jax.config import (Config, ModelConfig, MODEL_PRESETS, SECTION_PRESETS, from_dict,
+                                 kimi_k2_5, to_dict)
+from composer_jax.errors import ConfigError
+from composer_jax.model import count_params
+from composer_jax.overrides import apply_overrides
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(num_experts_per_tok=9, num_routed_experts=8), "num_experts_per_tok"),
+    (dict(n_group=3), "n_group=3 must be >= 1 and divide"),
+    (dict(n_group=2, topk_group=3), "topk_group"),
+    (dict(qk_rope_head_dim=7), "even"),
+    (dict(q_lora_rank=-1), "0 = plain q projection"),
+    (dict(first_k_dense=5, num_layers=2), "first_k_dense"),
+])
+def test_model_validation_messages(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle):
+        ModelConfig(**kwargs)
+
+
+def test_kimi_param_count_matches_reference():
+    total, active = count_params(kimi_k2_5())
+    # DESIGN.md: exact count 1.026T total, 32.86B active (embedding + head included); +-0.5%.
+    assert abs(total / 1.026e12 - 1) < 0.005, total
+    assert abs(active / 32.86e9 - 1) < 0.005, active
+    # the announced round numbers, within 2%
+    assert abs(total / 1.04e12 - 1) < 0.02 and abs(active / 32e9 - 1) < 0.03
+
+
+def test_presets_build_and_count():
+    for name, make in MODEL_PRESETS.items():
+        total, active = count_params(make())
+        assert 0 < active <= total, name
+
+
+def test_config_json_round_trip():
+    cfg = apply_overrides(Config(), ["model=small", "train.lr=3e-4", "model.rope.factor=4",
+                                     "model.rope.scaling=yarn"], SECTION_PRESETS)
+    again = from_dict(Config, json.loads(json.dumps(to_dict(cfg))))
+    assert again == cfg
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train.nope=1", "valid keys at this level: train.steps"),
+    ("nosection.x=1", "valid keys at this level"),
+    ("train.lr=fast", "expected a float"),
+    ("train.steps=1.5", "expected an int"),
+    ("model.scoring=relu", "expected one of"),
+    ("model=huge", "preset name"),
+    ("model.num_experts_per_tok=100", "num_experts_per_tok"),
+    ("train.lr", "key.path=value"),
+])
+def test_override_errors(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        apply_overrides(Config(), [override], SECTION_PRESETS)
+
+
+def _launch(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "launch.py", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_errors_are_one_clear_message(tmp_path):
+    r = _launch("--experiment=nope", f"--workdir={tmp_path}")
+    assert r.returncode == 2 and "unknown experiment 'nope'" in r.stderr and "Traceback" not in r.stderr
+    r = _launch("--experiment=model_check", f"--workdir={tmp_path}", "--set", "train.lr=abc")
+    assert r.returncode == 2 and "expected a float" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_list_and_dry_run(tmp_path):
+    r = _launch("--experiment=list")
+    assert r.returncode == 0 and "model_check" in r.stdout
+    r = _launch("--experiment=model_check", f"--workdir={tmp_path}", "--dry_run",
+                "--set", "model=kimi_k2_5")
+    assert r.returncode == 0, r.stderr
+    dry = json.loads((tmp_path / "dry_run.json").read_text())
+    assert abs(dry["params_total"] / 1.026e12 - 1) < 0.005
+    assert set(dry) >= {"params_total", "params_active", "flops_per_token", "mesh", "per_device_bytes"}
+    assert set(dry["per_device_bytes"]) >= {"params", "optimizer", "activations", "total"}
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["model"]["name"] == "kimi_k2_5"
