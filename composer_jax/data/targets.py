@@ -1,0 +1,49 @@
+"""Next-token and multi-token-prediction targets of packed rows, computed per segment.
+
+Glossary: B rows, T tokens per row, D MTP depths. Inputs `[B, T]`: tokens, segment_ids (0 =
+padding), trainable (1 where a target token may carry loss). The target at offset o of position i
+is tokens[i + o]; it is *valid* when i + o < T and segment_ids[i + o] == segment_ids[i] != 0
+(segment ids of a row are contiguous runs, so equal ids mean the same document). Invalid targets are
+0 and masked; a valid target is trained when trainable[i + o] is 1.
+
+  targets      [B, T]    offset 1          loss_mask [B, T]    float32
+  mtp_targets  [B, D, T] depth k: offset 1 + k (k = 1..D)      mtp_mask [B, D, T] float32
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def shifted_targets(tokens: np.ndarray, segment_ids: np.ndarray, trainable: np.ndarray,
+                    offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(targets [B, T] int32, mask [B, T] float32)` for tokens `offset` positions ahead."""
+    batch, length = tokens.shape
+    targets = np.zeros((batch, length), dtype=np.int32)
+    mask = np.zeros((batch, length), dtype=np.float32)
+    if offset < length:
+        here, ahead = segment_ids[:, :length - offset], segment_ids[:, offset:]
+        valid = (here == ahead) & (here != 0)
+        targets[:, :length - offset] = np.where(valid, tokens[:, offset:], 0)
+        mask[:, :length - offset] = valid & (trainable[:, offset:] != 0)
+    return targets, mask
+
+
+def add_targets(rows: dict[str, np.ndarray], mtp_depth: int) -> dict[str, np.ndarray]:
+    """The batch contract from packed rows `{tokens, segment_ids, positions, trainable}` `[B, T]`."""
+    tokens, segment_ids, trainable = rows["tokens"], rows["segment_ids"], rows["trainable"]
+    targets, loss_mask = shifted_targets(tokens, segment_ids, trainable, 1)
+    batch, length = tokens.shape
+    mtp_targets = np.zeros((batch, mtp_depth, length), dtype=np.int32)
+    mtp_mask = np.zeros((batch, mtp_depth, length), dtype=np.float32)
+    for k in range(1, mtp_depth + 1):
+        mtp_targets[:, k - 1], mtp_mask[:, k - 1] = shifted_targets(tokens, segment_ids, trainable, 1 + k)
+    return {
+        "tokens": tokens.astype(np.int32, copy=False),
+        "positions": rows["positions"].astype(np.int32, copy=False),
+        "segment_ids": segment_ids.astype(np.int32, copy=False),
+        "targets": targets,
+        "loss_mask": loss_mask,
+        "mtp_targets": mtp_targets,
+        "mtp_mask": mtp_mask,
+    }

@@ -1,0 +1,109 @@
+"""Orbax checkpoints of the whole training state: asynchronous, atomic, keep-last-K, resumable.
+
+A checkpoint step holds three items: `state` (TrainState: params, router biases, optimizer state,
+step, non-finite counters), `data` (the input iterator's state, JSON) and `meta` (the model config
+and the run's seed, JSON). Orbax writes each step into a temporary directory and renames it when
+complete, so a crash mid-save never leaves a half-written "latest" checkpoint. If the latest
+checkpoint cannot be read, restore falls back to the previous one and says so.
+"""
+from __future__ import annotations
+
+import pathlib
+import signal
+import sys
+import time
+
+import jax
+import orbax.checkpoint as ocp
+
+from composer_jax.config import Config, to_dict
+from composer_jax.errors import CheckpointError
+
+
+class Checkpointer:
+    def __init__(self, directory, cfg: Config, every: int, keep: int):
+        self.directory = pathlib.Path(directory).absolute()
+        self.cfg = cfg
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=every,
+                                                 enable_async_checkpointing=True,
+                                                 cleanup_tmp_directories=True),
+            item_names=("state", "data", "meta"))
+        self.stop_requested = False
+
+    def _meta(self) -> dict:
+        return {"model": to_dict(self.cfg.model), "seed": self.cfg.seed}
+
+    def save(self, step: int, state, data_state: dict, force: bool = False) -> bool:
+        """Starts an asynchronous save (if due or forced); returns whether one started."""
+        return self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
+            meta=ocp.args.JsonSave(self._meta())), force=force)
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def restore_latest(self, template, check_config: bool = True):
+        """(state, data_state, step) from the newest readable checkpoint, or None if there is none.
+
+        template: a TrainState of the right structure (arrays or ShapeDtypeStructs).
+        """
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        errors = []
+        for step in steps:
+            try:
+                meta = self.manager.restore(step, args=ocp.args.Composite(
+                    meta=ocp.args.JsonRestore()))["meta"]
+            except Exception as e:  # noqa: BLE001  (any unreadable checkpoint: try the previous)
+                errors.append(f"step {step}: {type(e).__name__}: {e}")
+                print(f"warning: checkpoint step {step} in {self.directory} is unreadable "
+                      f"({type(e).__name__}); falling back to the previous one", file=sys.stderr)
+                continue
+            if check_config and meta.get("model") != to_dict(self.cfg.model):
+                diff = {k: (v, to_dict(self.cfg.model).get(k)) for k, v in meta["model"].items()
+                        if to_dict(self.cfg.model).get(k) != v}
+                raise CheckpointError(
+                    f"checkpoint step {step} in {self.directory} was written by a different model "
+                    f"config (checkpoint vs now: {diff}); use another --workdir or the same config")
+            try:
+                out = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"step {step}: {type(e).__name__}: {e}")
+                print(f"warning: checkpoint step {step} in {self.directory} is unreadable "
+                      f"({type(e).__name__}: {str(e)[:200]}); falling back to the previous one",
+                      file=sys.stderr)
+                continue
+            self._set_aside([s for s in steps if s > step])
+            return out["state"], out["data"], step
+        if steps:
+            raise CheckpointError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
+        return None
+
+    def _set_aside(self, bad_steps: list[int]) -> None:
+        """Moves unreadable checkpoints out of the manager's way (kept for inspection, not
+        deleted), so the resumed run can write those steps again."""
+        if not bad_steps:
+            return
+        aside = self.directory.parent / "checkpoints_unreadable"
+        aside.mkdir(exist_ok=True)
+        for step in bad_steps:
+            for path in self.directory.iterdir():
+                if path.name == str(step):
+                    target = aside / f"{path.name}-{int(time.time())}"
+                    path.rename(target)
+                    print(f"warning: moved unreadable checkpoint {path} to {target}",
+                          file=sys.stderr)
+        self.manager.reload()
+
+    def install_sigterm_handler(self) -> None:
+        """On SIGTERM, ask the loop to save and stop after the current step."""
+        def handler(signum, frame):
+            self.stop_requested = True
+        signal.signal(signal.SIGTERM, handler)
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,216 @@
+"""The training loop shared by the CPT, long-context and SFT experiments.
+
+Builds (or loads from the cache) the corpus and tokenizer, the model (fresh, from an HF directory, or
+from a previous run's Orbax checkpoint via train.init_from), the pure train step, and runs it with
+tqdm progress, metrics.jsonl + TensorBoard, periodic validation, asynchronous checkpoints (resume is
+exact: parameters, optimizer state, step and data-iterator position), a save on SIGTERM, and a
+loss-curve PNG at the end.
+"""
+from __future__ import annotations
+
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from composer_jax.config import Config
+from composer_jax.errors import ComposerError
+from composer_jax.model import init_model
+from composer_jax.model.flops import flops_per_token
+from composer_jax.runlog import MetricsWriter, read_metrics
+from composer_jax.train.checkpoint import Checkpointer
+from composer_jax.train.mfu import peak_flops_per_device
+from composer_jax.train.schedules import make_schedule
+from composer_jax.train.step import build
+
+
+class NonFiniteLossError(ComposerError):
+    """Too many consecutive steps with a NaN/Inf loss or gradient."""
+
+
+def _initial_model(cfg: Config):
+    src = cfg.train.init_from
+    if not src:
+        return init_model(cfg.model, cfg.seed)
+    path = pathlib.Path(src)
+    if (path / "checkpoints").is_dir():          # a previous run: params restored in train()
+        return init_model(cfg.model, cfg.seed)
+    if (path / "config.json").exists() and list(path.glob("*.safetensors")):
+        from composer_jax.model.hf import load_hf
+        hf_cfg, model = load_hf(path, dtype=cfg.model.param_dtype.value)
+        return model
+    raise ComposerError(f"train.init_from={src!r} is not a Hugging Face checkpoint directory "
+                        f"(config.json + *.safetensors); use '' for a fresh model, or resume a run "
+                        f"by reusing its --workdir")
+
+
+def _data(cfg: Config, workdir: pathlib.Path, kind: str, start_state):
+    from composer_jax import data
+
+    corpus = data.build_or_load_corpus(cfg.data)
+    tokenizer = data.build_or_load_tokenizer(cfg.data, corpus, cfg.model.vocab_size)
+    tokenizer.save(workdir / "tokenizer.json")
+    make = data.make_sft_iterator if kind == "sft" else data.make_train_iterator
+    it = make(cfg.data, tokenizer, cfg.model.mtp_depth, jax.process_index(), jax.process_count(),
+              start_state, corpus=corpus)
+    evals = data.make_eval_batches(cfg.data, tokenizer, cfg.model.mtp_depth, jax.process_index(),
+                                   jax.process_count(), corpus=corpus)
+    n_eval = min(cfg.train.eval_batches, len(evals))
+    eval_batches = [b for _, b in zip(range(n_eval), evals)]
+    return tokenizer, it, eval_batches
+
+
+def evaluate(fns, state, batches) -> float:
+    """Mean validation cross-entropy per token over `batches`."""
+    ce = tok = 0.0
+    for b in batches:
+        m = fns.eval_step(state, b)
+        ce += float(m["ce_sum"])
+        tok += float(m["tokens"])
+    return ce / max(tok, 1.0)
+
+
+def plot_curves(workdir: pathlib.Path) -> pathlib.Path | None:
+    """plots/loss.png: training loss, CE, MTP loss and validation loss against step."""
+    rows = read_metrics(workdir)
+    if not rows:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, style in (("ce_loss", "-"), ("mtp_loss", ":"), ("val_loss", "o-")):
+        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), float)]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, style, label=key, markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(workdir.name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    out = workdir / "plots" / "loss.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
+          interrupt_at: int | None = None) -> dict:
+    """Runs (or resumes) training; returns the last logged metrics.
+
+    interrupt_at: behave as if SIGTERM arrived during that step (tests of the resume path).
+    """
+    workdir = pathlib.Path(workdir)
+    tc = cfg.train
+    model = _initial_model(cfg)
+    fns, state = build(model, cfg)
+    del model
+    ckpt = Checkpointer(workdir / "checkpoints", cfg, tc.checkpoint_every, tc.keep_checkpoints)
+    restored = ckpt.restore_latest(state)
+    if restored is None and tc.init_from and (pathlib.Path(tc.init_from) / "checkpoints").is_dir():
+        # Start a new stage (e.g. long-context extension) from another run's latest weights: the
+        # parameters and router biases carry over; optimizer state, step and data start afresh.
+        src = Checkpointer(pathlib.Path(tc.init_from) / "checkpoints", cfg, 1, 1)
+        found = src.restore_latest(state, check_config=False)
+        src.close()
+        if found is None:
+            raise ComposerError(f"train.init_from={tc.init_from!r} holds no checkpoint")
+        state = state.replace(params=found[0].params, buffers=found[0].buffers,
+                              opt_state=fns.tx.init(found[0].params))
+        print(f"initialised from {tc.init_from} (step {found[2]})")
+    data_state = None
+    if restored is not None:
+        state, data_state, step = restored
+        print(f"resumed from {ckpt.directory} at step {step}")
+    tokenizer, it, eval_batches = _data(cfg, workdir, kind, data_state)
+    ckpt.install_sigterm_handler()
+    seq_len, batch = cfg.data.seq_len, cfg.data.global_batch_size
+    flops_tok = flops_per_token(cfg.model, seq_len)["total"]
+    peak, peak_src = peak_flops_per_device()
+    n_dev = jax.device_count()
+    lr_at = make_schedule(tc)
+    start = int(state.step)
+    print(f"training {cfg.model.name} for {tc.steps} steps from step {start}; "
+          f"{flops_tok:.3g} FLOPs/token; peak {peak:.3g} FLOP/s/device ({peak_src})")
+    writer = MetricsWriter(workdir)
+    last: dict = {}
+    t_log, tokens_since = time.perf_counter(), 0
+    pbar = tqdm(total=tc.steps, initial=start, desc=workdir.name, dynamic_ncols=True)
+    try:
+        for step in range(start, tc.steps):
+            b = next(it)
+            state, m = fns.train_step(state, b)
+            tokens_since += int(b["tokens"].size) * jax.process_count()
+            done = step + 1
+            if int(state.nonfinite_streak) >= tc.max_nonfinite_steps:
+                raise NonFiniteLossError(
+                    f"{int(state.nonfinite_streak)} consecutive steps had a non-finite loss or "
+                    f"gradient (last at step {done}); updates were skipped. Lower train.lr, enable "
+                    f"train.z_loss, or check the data; the last good checkpoint is in "
+                    f"{ckpt.directory}")
+            log_now = done % tc.log_every == 0 or done == tc.steps or done == start + 1
+            eval_now = done % tc.eval_every == 0 or done == tc.steps or done == start + 1
+            if log_now or eval_now:
+                m = {k: float(v) for k, v in jax.device_get(m).items()}
+                dt = time.perf_counter() - t_log
+                tps = tokens_since / dt
+                m.update(tokens_per_sec=tps, mfu=tps * flops_tok / (peak * n_dev),
+                         lr=float(lr_at(step)), skipped_total=float(state.nonfinite_total))
+                if eval_now and eval_batches:
+                    m["val_loss"] = evaluate(fns, state, eval_batches)
+                writer.write(done, m)
+                last = m
+                pbar.set_postfix({k: f"{m[k]:.3f}" for k in ("loss", "val_loss") if k in m})
+                t_log, tokens_since = time.perf_counter(), 0
+            ckpt.save(done, state, it.get_state(), force=done == tc.steps)
+            pbar.update(1)
+            if interrupt_at is not None and done == interrupt_at:
+                ckpt.stop_requested = True
+            if ckpt.stop_requested:
+                ckpt.save(done, state, it.get_state(), force=True)
+                ckpt.wait()
+                print(f"SIGTERM: saved step {done} to {ckpt.directory}; rerun the same command "
+                      f"to resume")
+                break
+    finally:
+        pbar.close()
+        writer.close()
+        ckpt.close()
+    png = plot_curves(workdir)
+    if png:
+        print(f"loss curve: {png}")
+    last["_state"] = state
+    last["_fns"] = fns
+    last["_tokenizer"] = tokenizer
+    return last
+
+
+def greedy_continuations(fns, state, tokenizer, prompts: list[str], max_new: int = 40) -> list[str]:
+    """Greedy continuations by full re-forward each step (a small check of what the model learned;
+    the KV-cached engine is composer_jax.inference)."""
+    model = fns.merge(state.params, state.buffers)
+    encoded = [tokenizer.encode(p) for p in prompts]
+    width = max(len(e) for e in encoded) + max_new
+
+    @jax.jit
+    def next_token(tokens, pos):
+        # causal: positions after `pos` (padding) cannot affect the logits at `pos`
+        return jnp.argmax(model(tokens, with_mtp=False).logits[0, pos], -1)
+
+    outs = []
+    for ids in encoded:
+        buf = np.zeros((1, width), np.int32)
+        buf[0, :len(ids)] = ids
+        n = len(ids)
+        for _ in range(max_new):
+            buf[0, n] = int(next_token(jnp.asarray(buf), n - 1))
+            n += 1
+        outs.append(tokenizer.decode(buf[0, :n].tolist()))
+    return outs

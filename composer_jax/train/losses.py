@@ -1,0 +1,53 @@
+"""Pure loss functions of logits and batch fields (no parameters, no modules).
+
+Shape glossary: B batch, T tokens, V vocab, D MTP depths.
+Each returns a *sum* over valid tokens; callers divide by a token count they choose (the train step
+uses the global count of the whole batch, so microbatching gives the same gradients).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def cross_entropy_sum(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
+    """sum_{b,t} mask * -log softmax(logits)[targets]. logits [..., V] f32, targets/mask [...]."""
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.sum((logz - picked) * mask)
+
+
+def z_loss_sum(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """sum mask * logsumexp(logits)^2 (PaLM's z-loss, keeps the softmax normaliser near 1)."""
+    return jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * mask)
+
+
+def mtp_supervised_sums(mtp_logits: jax.Array, mtp_targets: jax.Array, mtp_mask: jax.Array):
+    """Per-depth CE sums [D]. mtp_logits [D,B,T,V], mtp_targets/mtp_mask [B,D,T]."""
+    targets = jnp.swapaxes(mtp_targets, 0, 1)
+    mask = jnp.swapaxes(mtp_mask, 0, 1)
+    return jax.vmap(cross_entropy_sum)(mtp_logits, targets, mask)
+
+
+def shift_left(x: jax.Array, k: int, axis: int = 1) -> jax.Array:
+    """x[:, i + k] at position i (zero-filled past the end) along `axis`."""
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, k)
+    return jnp.pad(jax.lax.slice_in_dim(x, k, x.shape[axis], axis=axis), pad)
+
+
+def mtp_self_distill_sums(mtp_logits: jax.Array, main_logits: jax.Array, mtp_mask: jax.Array):
+    """Per-depth KL(p_main || q_mtp) sums [D] (the Composer recipe's MTP self-distillation).
+
+    MTP depth k at position i predicts token i+k+1, which the main head predicts at position i+k;
+    the teacher is stop_gradient(softmax(main_logits[:, i+k])). mtp_logits [D,B,T,V],
+    main_logits [B,T,V], mtp_mask [B,D,T] (1 where i+k+1 lies in i's document).
+    """
+    teacher_logp = jax.nn.log_softmax(jax.lax.stop_gradient(main_logits), axis=-1)
+    sums = []
+    for d in range(mtp_logits.shape[0]):
+        t = shift_left(teacher_logp, d + 1)
+        s = jax.nn.log_softmax(mtp_logits[d], axis=-1)
+        kl = jnp.sum(jnp.exp(t) * (t - s), axis=-1)
+        sums.append(jnp.sum(kl * mtp_mask[:, d]))
+    return jnp.stack(sums)

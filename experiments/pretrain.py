@@ -1,0 +1,114 @@
+"""Continued pretraining on code, the long-context extension, and SFT.
+
+cpt_debug  tiny model, a few hundred local files, CPU, minutes (CI uses it)
+cpt_small  the `small` config on the whole local corpus, ~25 minutes on 2 CPU cores
+cpt_32k    stage 1 of the recipe for kimi_k2_5: 32k-token sequences (a pod job; try --dry_run)
+cpt_256k   stage 2: YaRN long-context extension to 256k from a cpt_32k run (train.init_from)
+sft        a short SFT stage on chat-formatted samples, loss on assistant tokens only
+
+Hyper-parameters of cpt_32k / cpt_256k and their sources (Kimi K2 technical report,
+arXiv:2507.20534, sections 2-3; the Composer 2 CPT settings are not public):
+  * optimizer MuonClip (Muon on matrices with QK-clip; AdamW on embeddings/norms) -> Optimizer.MUON
+  * weight decay 0.1; peak learning rate 2e-4; warmup 500 steps; WSD-style schedule (constant,
+    then decay to 2e-5 in the annealing phase) -> Schedule.WSD, min_lr_ratio 0.1
+  * global batch 67M tokens: 2048 sequences of 32k -> data.global_batch_size=2048
+  * long-context activation with YaRN (K2: 4k -> 32k -> 128k; K2.5 serves 256k):
+    rope factor 64 over an original 4096 positions for 256k.
+  * MTP: K2 ships none; the Composer recipe trains fresh MTP layers (mtp_depth=1,
+    self-distillation towards the main head, lambda 0.3 -> 0.1 as DeepSeek-V3 did).
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from composer_jax import registry
+from composer_jax.config import (Config, MTPLoss, Optimizer, RopeScaling,
+                                 Schedule, TrainConfig, kimi_k2_5, small, tiny)
+from composer_jax.data.config import DataConfig
+
+
+def _debug() -> Config:
+    model = dataclasses.replace(tiny(), name="cpt_debug", vocab_size=1024, hidden_size=96,
+                                num_layers=3, num_heads=4, dense_intermediate_size=256,
+                                moe_intermediate_size=64, num_routed_experts=8,
+                                num_experts_per_tok=2)
+    data = DataConfig(max_files=400, vocab_size=1024, seq_len=128, global_batch_size=8,
+                      tokenizer_train_bytes=3_000_000)
+    train = TrainConfig(steps=240, lr=3e-3, warmup_steps=20, log_every=10, eval_every=40,
+                        eval_batches=4, checkpoint_every=40, keep_checkpoints=2)
+    return Config(model=model, data=data, train=train)
+
+
+def _small() -> Config:
+    data = DataConfig(vocab_size=4096, seq_len=256, global_batch_size=16)
+    train = TrainConfig(steps=1500, lr=2e-3, warmup_steps=100, log_every=25, eval_every=150,
+                        eval_batches=8, checkpoint_every=250, keep_checkpoints=2,
+                        mtp_loss=MTPLoss.SUPERVISED)
+    return Config(model=small(), data=data, train=train)
+
+
+def _k2_train(steps: int) -> TrainConfig:
+    return TrainConfig(steps=steps, lr=2e-4, min_lr_ratio=0.1, warmup_steps=500,
+                       schedule=Schedule.WSD, decay_fraction=0.2, optimizer=Optimizer.MUON,
+                       weight_decay=0.1, grad_clip=1.0, mtp_loss=MTPLoss.SELF_DISTILL,
+                       mtp_lambda=0.3, log_every=10, eval_every=500, checkpoint_every=500)
+
+
+def _cpt_32k() -> Config:
+    model = dataclasses.replace(kimi_k2_5(), mtp_depth=1, remat="full")
+    data = DataConfig(seq_len=32768, global_batch_size=2048, vocab_size=163840)
+    return Config(model=model, data=data, train=_k2_train(steps=20_000))
+
+
+def _cpt_256k() -> Config:
+    base = kimi_k2_5()
+    rope = dataclasses.replace(base.rope, scaling=RopeScaling.YARN, factor=64.0,
+                               original_max_position=4096)
+    model = dataclasses.replace(base, mtp_depth=1, remat="full", rope=rope,
+                                max_position_embeddings=262144)
+    data = DataConfig(seq_len=262144, global_batch_size=256, vocab_size=163840)
+    train = dataclasses.replace(_k2_train(steps=2_000), lr=2e-5, warmup_steps=100,
+                                init_from="runs/cpt_32k")
+    return Config(model=model, data=data, train=train)
+
+
+def _sft() -> Config:
+    cfg = _debug()
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="sft"),
+                               train=dataclasses.replace(cfg.train, steps=120, lr=1e-3,
+                                                         warmup_steps=10))
+
+
+def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
+    from composer_jax.train.loop import greedy_continuations, train
+
+    last = train(cfg, workdir, kind="cpt")
+    shown = {k: round(v, 4) for k, v in last.items() if not k.startswith("_")}
+    print(f"final metrics: {shown}")
+    if "_fns" in last:
+        prompts = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n",
+                   "class Stack:\n    def __init__(self):\n"]
+        for text in greedy_continuations(last["_fns"], last["_state"], last["_tokenizer"], prompts):
+            print("-" * 60 + "\n" + text)
+
+
+def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:
+    from composer_jax.train.loop import train
+
+    print("SFT samples: docstring -> function chats from the local corpus (until the environment's "
+          "reference solutions are wired in)")
+    last = train(cfg, workdir, kind="sft")
+    print({k: round(v, 4) for k, v in last.items() if not k.startswith("_")})
+
+
+registry.register("cpt_debug", "tiny model, continued pretraining on a few hundred local files "
+                  "(CPU, ~3 min; CI)", _debug, _run_cpt)
+registry.register("cpt_small", "the `small` config on the whole local code corpus (~25 min on 2 "
+                  "CPU cores)", _small, _run_cpt)
+registry.register("cpt_32k", "stage 1: kimi_k2_5 continued pretraining at 32k context (pods; "
+                  "try --dry_run)", _cpt_32k, _run_cpt)
+registry.register("cpt_256k", "stage 2: YaRN long-context extension to 256k from a cpt_32k run "
+                  "(pods; try --dry_run)", _cpt_256k, _run_cpt)
+registry.register("sft", "short SFT on chat-formatted samples, loss on assistant tokens only",
+                  _sft, _run_sft)

@@ -1,0 +1,13 @@
+"""Pallas kernels for block-scaled (MXFP8 / NVFP4) training: quantize, block-scaled matmul, grouped matmul.
+
+Every kernel has a portable Pallas version (interpret mode on CPU, Triton on CUDA) that is tested
+bit for bit against composer_jax.quant's reference numerics, plus backend variants selected with
+`variant=`: "hopper" (fp8 MMA with per-block rescale), "tpu" ((8, 128)-tiled scale blocks, K grid
+axis with a VMEM accumulator). This package does not import composer_jax (imports go downwards).
+"""
+
+from pallas_kernels.block_matmul import block_scaled_matmul
+from pallas_kernels.grouped_matmul import grouped_block_scaled_matmul
+from pallas_kernels.quantize import quantize_mxfp8, quantize_nvfp4
+
+__all__ = ["block_scaled_matmul", "grouped_block_scaled_matmul", "quantize_mxfp8", "quantize_nvfp4"]

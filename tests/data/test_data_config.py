@@ -1,0 +1,43 @@
+"""DataConfig validation and the cache directory resolution."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from composer_jax.data.config import DataConfig, SplitPattern, resolved_cache_dir
+from composer_jax.errors import ConfigError
+
+
+def test_defaults_are_valid_and_typed():
+    cfg = DataConfig()
+    for field in dataclasses.fields(cfg):
+        assert isinstance(getattr(cfg, field.name), (int, float, str, bool, tuple)), field.name
+    assert DataConfig(split_pattern="cl100k").split_pattern is SplitPattern.CL100K
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("seq_len", 1, "data.seq_len=1: must be an integer >= 2"),
+    ("global_batch_size", 0, "data.global_batch_size"),
+    ("vocab_size", 100, "data.vocab_size=100"),
+    ("validation_fraction", 1.0, r"data.validation_fraction=1.0: must be a number in \[0, 1\)"),
+    ("near_dup_threshold", 0.0, "data.near_dup_threshold"),
+    ("minhash_bands", 7, "must divide data.minhash_perms=128"),
+    ("split_pattern", "gpt5", "valid values are"),
+    ("source_roots", ["/tmp"], "tuple of directory paths"),
+    ("tokenizer_path", "/nonexistent/tokenizer.json", "no such file"),
+    ("max_files", True, "data.max_files"),
+])
+def test_invalid_values_name_the_field(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        DataConfig(**{field: value})
+
+
+def test_cache_dir_resolution(monkeypatch, tmp_path):
+    monkeypatch.setenv("COMPOSER_JAX_CACHE", str(tmp_path / "env"))
+    assert resolved_cache_dir(DataConfig()) == str(tmp_path / "env")
+    assert resolved_cache_dir(DataConfig(cache_dir=str(tmp_path / "cfg"))) == str(tmp_path / "cfg")
+    monkeypatch.delenv("COMPOSER_JAX_CACHE")
+    assert resolved_cache_dir(DataConfig()) == os.path.expanduser("~/.cache/composer_jax")

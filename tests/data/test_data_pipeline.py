@@ -1,0 +1,146 @@
+"""The grain pipelines: batch contract, determinism, resume, per-host sharding, eval, SFT masks."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from composer_jax.data import special_tokens as st
+from composer_jax.data.errors import DataError
+from composer_jax.data.loaders import make_eval_batches, make_sft_iterator, make_train_iterator
+from composer_jax.data.shards import build_or_load_shards
+
+KEYS = {"tokens": np.int32, "positions": np.int32, "segment_ids": np.int32, "targets": np.int32,
+        "loss_mask": np.float32, "mtp_targets": np.int32, "mtp_mask": np.float32}
+
+
+def _take(iterator, n):
+    return [next(iterator) for _ in range(n)]
+
+
+def _assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for key in KEYS:
+            np.testing.assert_array_equal(x[key], y[key])
+
+
+def test_batch_contract(small_data):
+    cfg, corpus, tok = small_data
+    batch = next(make_train_iterator(cfg, tok, 2, 0, 1, corpus=corpus))
+    B, T = cfg.global_batch_size, cfg.seq_len
+    for key, dtype in KEYS.items():
+        assert batch[key].dtype == dtype, key
+        assert batch[key].shape == ((B, 2, T) if key.startswith("mtp") else (B, T)), key
+    seg, tokens = batch["segment_ids"], batch["tokens"]
+    for b in range(B):
+        for i in range(T):
+            if i + 1 < T and seg[b, i + 1] == seg[b, i] != 0:
+                assert batch["targets"][b, i] == tokens[b, i + 1] and batch["loss_mask"][b, i] == 1
+            else:
+                assert batch["targets"][b, i] == 0 and batch["loss_mask"][b, i] == 0
+            if i == 0 or seg[b, i] != seg[b, i - 1]:
+                assert batch["positions"][b, i] == 0
+            else:
+                assert batch["positions"][b, i] == batch["positions"][b, i - 1] + 1
+    assert (seg > 0).all()  # pretraining rows are fully packed
+    assert tok.special.bos in tokens
+
+
+def test_deterministic_and_resumable(small_data):
+    cfg, corpus, tok = small_data
+    reference = _take(make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus), 12)
+    _assert_same(reference, _take(make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus), 12))
+    interrupted = make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus)
+    _take(interrupted, 5)
+    state = json.loads(json.dumps(interrupted.get_state()))  # must survive a JSON checkpoint
+    resumed = make_train_iterator(cfg, tok, 1, 0, 1, start_state=state, corpus=corpus)
+    _assert_same(reference[5:], _take(resumed, 7))
+    other_seed = make_train_iterator(dataclasses.replace(cfg, shuffle_seed=1), tok, 1, 0, 1, corpus=corpus)
+    with pytest.raises(DataError, match="shuffle_seed"):
+        other_seed.set_state(state)
+    assert not all(np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(reference, _take(other_seed, 12)))
+
+
+def test_iterates_across_epochs(small_data):
+    cfg, corpus, tok = small_data
+    store = build_or_load_shards(cfg, corpus, tok)["train"]
+    per_epoch = store.num_tokens // cfg.seq_len // cfg.global_batch_size
+    batches = _take(make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus), per_epoch + 2)
+    assert all(b["tokens"].shape == (cfg.global_batch_size, cfg.seq_len) for b in batches)
+    assert not np.array_equal(batches[0]["tokens"], batches[per_epoch + 1]["tokens"])  # reshuffled
+
+
+@pytest.mark.parametrize("process_count", [2, 4])
+def test_hosts_are_disjoint_and_cover_the_global_batch(small_data, process_count):
+    cfg, corpus, tok = small_data
+    single = _take(make_train_iterator(cfg, tok, 2, 0, 1, corpus=corpus), 3)
+    hosts = [_take(make_train_iterator(cfg, tok, 2, p, process_count, corpus=corpus), 3) for p in range(process_count)]
+    for step in range(3):
+        parts = [h[step] for h in hosts]
+        assert all(p["tokens"].shape[0] == cfg.global_batch_size // process_count for p in parts)
+        for key in KEYS:  # host p holds rows [p*B, (p+1)*B) of the global batch
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), single[step][key])
+    with pytest.raises(DataError, match="not divisible"):
+        make_train_iterator(cfg, tok, 2, 0, 3, corpus=corpus)
+    with pytest.raises(DataError, match="process_index"):
+        make_train_iterator(cfg, tok, 2, 2, 2, corpus=corpus)
+
+
+def test_eval_batches_cover_validation_once(small_data):
+    cfg, corpus, tok = small_data
+    batches = make_eval_batches(cfg, tok, 1, 0, 1, corpus=corpus)
+    texts = [tok.encode(t) for t in corpus.iter_texts("validation")]
+    expected = sum(len(t) + 2 for t in texts)  # BOS + text + EOS per document
+    seen = sum(int((b["segment_ids"] > 0).sum()) for b in batches)
+    assert seen == expected and len(batches) == len(list(batches))
+    hosts = [make_eval_batches(cfg, tok, 1, p, 2, corpus=corpus) for p in range(2)]
+    assert len(hosts[0]) == len(hosts[1]) == len(batches)
+    capped = make_eval_batches(dataclasses.replace(cfg, eval_max_batches=1), tok, 1, 0, 1, corpus=corpus)
+    assert len(capped) == 1
+
+
+def test_sft_loss_only_on_assistant_tokens(small_data):
+    cfg, corpus, tok = small_data
+    cfg = dataclasses.replace(cfg, seq_len=512)
+    batch = next(make_sft_iterator(cfg, tok, 1, 0, 1, corpus=corpus))
+    ids = tok.special.by_token
+    checked = 0
+    for b in range(cfg.global_batch_size):
+        seg = batch["segment_ids"][b]
+        for s in set(seg.tolist()) - {0}:
+            where = np.flatnonzero(seg == s)
+            tokens = batch["tokens"][b, where]
+            assert tokens[0] == tok.special.bos and tokens[-1] == tok.special.eos
+            start = int(np.flatnonzero(tokens == ids[st.ASSISTANT])[-1])  # role token of the answer
+            trained = batch["loss_mask"][b, where] > 0
+            # a target is trained iff it is an assistant-content token or the closing end-of-turn
+            np.testing.assert_array_equal(np.flatnonzero(trained), np.arange(start, len(where) - 2))
+            answer = tok.decode(batch["targets"][b, where][trained])
+            assert answer.endswith(st.END_OF_TURN) and answer.lstrip().startswith(("def ", "async def", "@"))
+            checked += 1
+    assert checked > 0
+
+
+def test_bad_pipeline_arguments(small_data):
+    cfg, corpus, tok = small_data
+    with pytest.raises(DataError, match="mtp_depth"):
+        make_train_iterator(cfg, tok, -1, 0, 1, corpus=corpus)
+    big = dataclasses.replace(cfg, seq_len=1 << 20)
+    with pytest.raises(DataError, match="fewer than one global batch"):
+        make_train_iterator(big, tok, 1, 0, 1, corpus=corpus)
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_batches(small_data):
+    cfg, corpus, tok = small_data
+    reference = _take(make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus), 6)
+    iterator = make_train_iterator(dataclasses.replace(cfg, num_workers=2), tok, 1, 0, 1, corpus=corpus)
+    try:
+        _assert_same(reference, list(itertools.islice(iterator, 6)))
+    finally:
+        iterator.close()
