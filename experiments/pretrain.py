@@ -41,9 +41,9 @@ def _debug() -> Config:
 
 
 def _small() -> Config:
-    data = DataConfig(vocab_size=4096, seq_len=256, global_batch_size=16)
-    train = TrainConfig(steps=1500, lr=2e-3, warmup_steps=100, log_every=25, eval_every=150,
-                        eval_batches=8, checkpoint_every=250, keep_checkpoints=2,
+    data = DataConfig(vocab_size=4096, seq_len=256, global_batch_size=8)
+    train = TrainConfig(steps=600, lr=2e-3, warmup_steps=50, log_every=20, eval_every=100,
+                        eval_batches=8, checkpoint_every=200, keep_checkpoints=2,
                         mtp_loss=MTPLoss.SUPERVISED)
     return Config(model=small(), data=data, train=train)
 

@@ -14,6 +14,7 @@ from jax import lax
 
 import pallas_kernels
 from composer_jax.errors import ConfigError
+from composer_jax.quant.grouped import grouped_matmul
 from composer_jax.quant import blockwise
 from composer_jax.quant.qarray import QArray
 from composer_jax.quant.quantize import dequantize
@@ -72,7 +73,7 @@ def matmul(qa: QArray, qb: QArray, backend: str) -> jax.Array:
 def ragged_matmul(qa: QArray, qb: QArray, group_sizes: jax.Array, backend: str) -> jax.Array:
     """qa [M, K] @ per-group qb [G, K, N] with jax.lax.ragged_dot semantics -> float32 [M, N]."""
     if resolve(backend) == "jnp":
-        return lax.ragged_dot(dequantize(qa), dequantize(qb), group_sizes, precision=_HIGHEST,
+        return grouped_matmul(dequantize(qa), dequantize(qb), group_sizes, precision=_HIGHEST,
                               preferred_element_type=jnp.float32)
     blockwise.rhs_operand(qb)
     return pallas_kernels.grouped_block_scaled_matmul(

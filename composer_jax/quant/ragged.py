@@ -20,6 +20,7 @@ from jax import lax
 
 from composer_jax.errors import ConfigError
 from composer_jax.quant import backend as be
+from composer_jax.quant.grouped import grouped_matmul
 from composer_jax.quant.dot import check_dot_format, weight_grad_operands
 from composer_jax.quant.formats import check_input_dtype
 from composer_jax.quant.operands import aligned_layout, grad_keys, quant, quant_weight, quant_weight_t, scatter_rows
@@ -34,7 +35,7 @@ def ragged_weight_grad(qxt, qdy, padded_sizes, g: int, k: int, n: int) -> jax.Ar
     """dw [G, K, N] from group-aligned Q_M(x)^T [K, Mp] and Q_M(dy) [Mp, N] (float32)."""
     xt, dy = dequantize(qxt), dequantize(qdy)
     zeros = jnp.zeros((g, xt.shape[0], dy.shape[1]), jnp.float32)
-    fwd = lambda w: lax.ragged_dot(xt.T, w, padded_sizes, precision=lax.Precision.HIGHEST,
+    fwd = lambda w: grouped_matmul(xt.T, w, padded_sizes, precision=lax.Precision.HIGHEST,  # noqa: E731
                                    preferred_element_type=jnp.float32)
     (dw,) = jax.vjp(fwd, zeros)[1](dy)
     return dw[:, :k, :n]
@@ -81,6 +82,6 @@ def quantized_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array, fmt
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise ConfigError(f"group_sizes must be integers, got {group_sizes.dtype}")
     if fmt == "bf16":
-        return lax.ragged_dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), group_sizes,
+        return grouped_matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), group_sizes,
                               preferred_element_type=jnp.float32).astype(x.dtype)
     return _qragged(x, w, group_sizes.astype(jnp.int32), key, fmt, backend).astype(x.dtype)

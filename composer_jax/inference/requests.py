@@ -1,0 +1,59 @@
+"""What goes into and comes out of the engine: requests, per-token records, completions, errors."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from composer_jax.errors import ComposerError
+from composer_jax.inference.sampling import SamplingParams
+
+
+class PromptTooLongError(ComposerError, ValueError):
+    """A prompt (with its conversation history) does not fit the engine's context."""
+
+
+class QueueFullError(ComposerError):
+    """The engine's bounded request queue is full; retry after some requests finish."""
+
+
+class SessionBusyError(ComposerError):
+    """A conversation got a new turn while its previous turn is still generating."""
+
+
+@dataclasses.dataclass
+class Completion:
+    """One request's output, token by token.
+
+    tokens, logprobs (under the distribution sampled from), raw_logprobs (under the model at
+    temperature 1), versions (policy version that sampled each token); router_indices [N,Lm,K]
+    (experts of the forward pass that produced each token) and prompt_router_indices [P-1,Lm,K]
+    (experts at the prompt positions before the last one) when the engine captures routing, so that
+    prompt_router_indices ++ router_indices replays positions 0 .. P+N-2 of prompt ++ tokens.
+    finish_reason: "stop_token", "stop_string", "max_new_tokens" or "length" (context full).
+    """
+    request_id: int
+    prompt: list[int]
+    params: SamplingParams
+    session: str | None = None
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    raw_logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    router_indices: list[np.ndarray] = dataclasses.field(default_factory=list)
+    prompt_router_indices: np.ndarray | None = None
+    finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamEvent:
+    """New tokens of one request since the last event (start = index of the first of them)."""
+    request_id: int
+    start: int
+    tokens: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None

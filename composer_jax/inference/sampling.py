@@ -1,0 +1,106 @@
+"""Sampling: temperature, top-k, top-p and greedy, with per-row parameters and explicit keys.
+
+`processed_logprobs` gives the log of the distribution actually sampled from (greedy = a point
+mass at the argmax, log-probability 0 there and -inf elsewhere); `raw_logprobs` the model's own
+distribution at temperature 1. Both are returned for every sampled token: RL needs the behaviour
+log-probability (processed) and the model log-probability (raw).
+
+Shape glossary: B rows, V vocab, ... any leading dims.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from composer_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling and stopping. temperature 0 = greedy; top_k 0 = off; top_p 1 = off.
+
+    Generation stops at the first of: a token in `stop_tokens` (kept in the output), a
+    `stop_strings` match in the detokenised completion (needs an engine `detokenize` function),
+    `max_new_tokens`, or the context length. `seed` fixes the request's PRNG stream.
+    """
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop_tokens: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@struct.dataclass
+class SamplerArrays:
+    """Per-row sampling parameters as arrays: temperature [B] f32, top_k [B] i32, top_p [B] f32."""
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+
+    @staticmethod
+    def build(params: list[SamplingParams]) -> "SamplerArrays":
+        return SamplerArrays(jnp.asarray([p.temperature for p in params], jnp.float32),
+                             jnp.asarray([p.top_k for p in params], jnp.int32),
+                             jnp.asarray([p.top_p for p in params], jnp.float32))
+
+
+def raw_logprobs(logits: jax.Array) -> jax.Array:
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+
+def processed_logprobs(logits: jax.Array, temperature: jax.Array, top_k: jax.Array,
+                       top_p: jax.Array) -> jax.Array:
+    """Log of the sampling distribution [..., V]. logits [..., V]; parameters [...] broadcast
+    against the leading dims. Tokens outside the top-k / top-p set get -inf (ties at the
+    threshold are kept)."""
+    logits = logits.astype(jnp.float32)
+    v = logits.shape[-1]
+    t = temperature[..., None]
+    greedy = t <= 0
+    scaled = logits / jnp.where(greedy, 1.0, t)
+    desc = -jnp.sort(-scaled, axis=-1)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)[..., None]
+    kth = jnp.take_along_axis(desc, k - 1, axis=-1)
+    scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
+    desc = jnp.where(jnp.arange(v) < k, desc, -jnp.inf)
+    probs = jax.nn.softmax(desc, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs                 # mass strictly above each token
+    keep = jnp.sum(before < top_p[..., None], axis=-1, keepdims=True)   # >= 1
+    pth = jnp.take_along_axis(desc, keep - 1, axis=-1)
+    scaled = jnp.where(scaled >= pth, scaled, -jnp.inf)
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    point = jnp.where(jnp.arange(v) == jnp.argmax(logits, axis=-1)[..., None], 0.0, -jnp.inf)
+    return jnp.where(greedy, point, logp)
+
+
+def sample_logprobs(logp: jax.Array, keys: jax.Array) -> jax.Array:
+    """One token per row from log-probabilities logp [B,V] with keys [B] -> int32 [B]."""
+    return jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, logp).astype(jnp.int32)
+
+
+def take(logp: jax.Array, tokens: jax.Array) -> jax.Array:
+    """logp [..., V] at tokens [...] -> [...]."""
+    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+def sample(logits: jax.Array, sp: SamplerArrays, keys: jax.Array):
+    """logits [B,V] -> (tokens [B] int32, logprob under the sampled distribution [B],
+    logprob under the raw model [B], processed logprobs [B,V])."""
+    logp = processed_logprobs(logits, sp.temperature, sp.top_k, sp.top_p)
+    tokens = sample_logprobs(logp, keys)
+    return tokens, take(logp, tokens), take(raw_logprobs(logits), tokens), logp

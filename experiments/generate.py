@@ -1,0 +1,79 @@
+"""`generate`: sample completions from a fresh model or a Hugging Face checkpoint directory and
+print them with their speed; with MTP heads, also speculative decoding's acceptance and speed-up.
+
+    python launch.py --experiment=generate --workdir=W [--set train.init_from=HF_DIR]
+        [--set eval.max_new_tokens=64 --set eval.temperature=0.8 --set seed=1]
+"""
+from __future__ import annotations
+
+import pathlib
+
+from composer_jax import registry
+from composer_jax.config import Config, EvalConfig, small
+
+NUM_PROMPTS = 4
+PROMPT_LEN = 16
+SPEC_DEPTH = 1
+
+
+def _config() -> Config:
+    return Config(model=small(), eval=EvalConfig(max_new_tokens=48, temperature=0.0))
+
+
+def _load(cfg: Config):
+    from composer_jax.model import init_model
+    if cfg.train.init_from:
+        from composer_jax.model.hf import load_hf
+        model_cfg, model = load_hf(cfg.train.init_from)
+        print(f"loaded {cfg.train.init_from} ({model_cfg.name}, mtp_depth={model_cfg.mtp_depth})")
+        return model
+    print(f"fresh {cfg.model.name} model (seed {cfg.seed}); set train.init_from=HF_DIR to load one")
+    return init_model(cfg.model, cfg.seed)
+
+
+def _run(cfg: Config, workdir: pathlib.Path) -> None:
+    import dataclasses
+
+    import numpy as np
+    from flax import nnx
+
+    from composer_jax.inference import EngineConfig, SamplingParams
+    from composer_jax.inference.timing import timed_generation, tokens_per_second
+    from composer_jax.runlog import MetricsWriter
+
+    model = _load(cfg)
+    mcfg = model.cfg
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(cfg.seed)
+    prompts = [[int(t) for t in rng.integers(0, mcfg.vocab_size, PROMPT_LEN)]
+               for _ in range(NUM_PROMPTS)]
+    params = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
+                            seed=cfg.seed)
+    ecfg = EngineConfig(max_batch=NUM_PROMPTS, max_len=PROMPT_LEN + params.max_new_tokens + 1,
+                        seed=cfg.seed)
+    outs, secs, _ = timed_generation(graphdef, state, prompts, params, ecfg)
+    tps = tokens_per_second(outs, secs)
+    for p, c in zip(prompts, outs):
+        print(f"prompt {p[:8]}... -> {c.tokens} ({c.finish_reason}; "
+              f"mean logprob {np.mean(c.raw_logprobs):.3f})")
+    print(f"plain decoding: {tps:.1f} tokens/s (batch {NUM_PROMPTS}, {len(outs[0].tokens)} tokens)")
+    metrics = {"tokens_per_sec": tps}
+    if mcfg.mtp_depth > 0:
+        depth = min(SPEC_DEPTH, mcfg.mtp_depth)
+        souts, ssecs, eng = timed_generation(graphdef, state, prompts, params,
+                                             dataclasses.replace(ecfg, spec_depth=depth))
+        stps = tokens_per_second(souts, ssecs)
+        m = eng.speculation_metrics()
+        same = all(a.tokens == b.tokens for a, b in zip(outs, souts))
+        print(f"speculative decoding (depth {depth}): {stps:.1f} tokens/s, speed-up "
+              f"{stps / tps:.2f}x, mean accepted length {m['mean_accepted_length']:.3f}, "
+              f"acceptance per depth {[round(x, 3) for x in m['acceptance_per_depth']]}"
+              + (f", greedy outputs identical: {same}" if params.temperature == 0 else ""))
+        metrics.update(spec_tokens_per_sec=stps, spec_speedup=stps / tps,
+                       mean_accepted_length=m["mean_accepted_length"])
+    with MetricsWriter(workdir, tensorboard=False) as w:
+        w.write(0, metrics)
+
+
+registry.register("generate", "sample completions (fresh model or train.init_from=HF dir) with "
+                  "tokens/s and MTP speculative-decoding acceptance/speed-up", _config, _run)

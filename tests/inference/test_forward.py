@@ -1,0 +1,68 @@
+"""The cached forward pass against the full forward pass, and absorbed against naive MLA."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from composer_jax.inference.cache import cache_bytes_per_token, init_cache
+from composer_jax.inference.forward import forward_cached, make_window
+from composer_jax.inference.mla import mla_cached
+from composer_jax.config import kimi_k2_5
+from composer_jax.model.layers import Ctx
+
+
+def test_absorbed_equals_naive(model):
+    cfg = model.cfg
+    gd, st = nnx.split(model.moe_layers)
+    layer = nnx.merge(gd, jax.tree.map(lambda a: a[0], st))
+    b, t, s = 2, 3, 16
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(b, t, cfg.hidden_size)), jnp.float32)
+    c0 = jnp.asarray(rng.normal(size=(b, s, cfg.kv_lora_rank)), jnp.float32)
+    kpe0 = jnp.asarray(rng.normal(size=(b, s, cfg.qk_rope_head_dim)), jnp.float32)
+    pos = jnp.array([[5, 6, 7], [9, 10, 11]])
+    ctx = Ctx(cfg)
+    attn_gd, attn_st = nnx.split(layer.attn)
+    run = jax.jit(lambda st, absorbed: mla_cached(nnx.merge(attn_gd, st), x, pos, pos, c0, kpe0, ctx,
+                                                  absorbed=absorbed), static_argnums=1)
+    outs = [run(attn_st, a) for a in (True, False)]
+    err = float(jnp.max(jnp.abs(outs[0][0] - outs[1][0])))
+    scale = float(jnp.max(jnp.abs(outs[1][0])))
+    assert scale > 1e-3
+    assert err <= 1e-5 * scale, err
+    # the new latents were written at their positions; the rest of the cache is untouched
+    np.testing.assert_array_equal(outs[0][1][:, :5], c0[:, :5])
+    assert not np.allclose(outs[0][1][0, 5:8], c0[0, 5:8])
+
+
+def test_cache_is_576_values_per_token_per_layer():
+    cfg = kimi_k2_5()
+    assert cache_bytes_per_token(cfg) == cfg.num_layers * 576 * 2
+
+
+def test_cached_prefill_and_decode_match_full_forward(model, split):
+    cfg = model.cfg
+    graphdef, state = split
+    toks = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 14)), jnp.int32)
+    full = jax.jit(lambda st, t: nnx.merge(graphdef, st)(t, with_mtp=False))(state, toks)
+    lens = jnp.array([9, 6])   # per-row prompt lengths; row 1's prefill chunk is padded
+    s = 32
+    step = jax.jit(lambda st, cache, tok, starts, n: forward_cached(
+        graphdef, st, cache, tok, make_window(starts, n, tok.shape[1], s)))
+    cache = init_cache(cfg, 2, s)
+    out, cache = step(state, cache, toks[:, :9], jnp.zeros(2, jnp.int32), lens)
+    for r in range(2):
+        n = int(lens[r])
+        np.testing.assert_allclose(out.logits[r, :n], full.logits[r, :n], atol=2e-6, rtol=0)
+        np.testing.assert_array_equal(out.router_indices[:, r, :n], full.router_indices[:, r, :n])
+    worst = 0.0
+    for i in range(5):   # decode one token per row at its own position
+        pos = lens + i
+        tok = jnp.take_along_axis(toks, pos[:, None], 1)
+        out, cache = step(state, cache, tok, pos, jnp.ones(2, jnp.int32))
+        ref = jnp.take_along_axis(full.logits, pos[:, None, None], 1)
+        worst = max(worst, float(jnp.max(jnp.abs(out.logits - ref))))
+        np.testing.assert_array_equal(
+            out.router_indices[:, :, 0],
+            jnp.take_along_axis(full.router_indices, pos[None, :, None, None], 2)[:, :, 0])
+    assert worst <= 2e-6, worst

@@ -1,0 +1,124 @@
+"""Speculative decoding with MTP drafts: greedy equals plain greedy; sampling follows the base
+model's distribution (seeded chi-square tests, on the pure acceptance rule and end to end)."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from scipy import stats
+
+from composer_jax.config import tiny
+from composer_jax.inference import Engine, EngineConfig, SamplingParams
+from composer_jax.inference.speculative import accept
+
+from inference_testlib import ENGINE, init_model, log_softmax, make_copy_head, tiny2
+
+PROMPTS = [[7] * 9, [3, 14, 15, 92, 65], [35, 89], list(range(100, 113)), [5, 5, 5]]
+
+
+def _run(graphdef, state, cfg, prompts, params):
+    eng = Engine(graphdef, state, cfg)
+    ids = [eng.submit(p, params) for p in prompts]
+    done = eng.run()
+    return [done[i] for i in ids], eng
+
+
+@pytest.mark.parametrize("depth", [2, pytest.param(1, marks=pytest.mark.slow)])
+def test_speculative_greedy_equals_plain_greedy(depth):
+    model = make_copy_head(tiny2())
+    # tokens tend to predict themselves, so greedy text often repeats and the copy drafts hit
+    model.lm_head.value = model.embed.value.T * 0.6 + model.lm_head.value
+    graphdef, state = nnx.split(model)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    plain, _ = _run(graphdef, state, ENGINE, PROMPTS, params)
+    spec, eng = _run(graphdef, state, dataclasses.replace(ENGINE, spec_depth=depth), PROMPTS,
+                     params)
+    for a, b in zip(plain, spec):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-5)
+        assert b.logprobs == [0.0] * 12
+    m = eng.speculation_metrics()
+    assert len(m["acceptance_per_depth"]) == depth
+    assert 0 < m["acceptance_per_depth"][0] < 1      # both accepted and rejected drafts occurred
+    assert 1 < m["mean_accepted_length"] <= depth + 1
+    assert eng.stats["decode_steps"] < 11             # fewer steps than plain decoding needs
+
+
+def _chi2_pvalue(counts, probs):
+    probs = np.asarray(probs, np.float64) / np.sum(probs, dtype=np.float64)
+    keep = probs * counts.sum() >= 5                   # pool rare cells
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(probs[keep], probs[~keep].sum()) * counts.sum()
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return stats.chisquare(obs, exp).pvalue
+
+
+def test_acceptance_rule_preserves_the_target_distribution():
+    """Pure `accept`: whatever the draft q, the first emitted token follows p_0."""
+    rng = np.random.default_rng(0)
+    n, v, d = 20000, 6, 2
+    p = rng.dirichlet(np.ones(v) * 0.7, size=d + 1)
+    q = rng.dirichlet(np.ones(v) * 0.7, size=d)
+    keys = jax.random.split(jax.random.key(0), 2 * n).reshape(2, n)
+    drafts = jnp.asarray(np.stack([rng.choice(v, size=n, p=q[i]) for i in range(d)], 1),
+                         jnp.int32)
+    tlogp = jnp.broadcast_to(jnp.log(jnp.asarray(p, jnp.float32)), (n, d + 1, v))
+    qlogp = jnp.broadcast_to(jnp.log(jnp.asarray(q, jnp.float32)), (n, d, v))
+    n_acc, toks = jax.jit(accept)(tlogp, qlogp, drafts, keys[0], keys[1])
+    first = np.bincount(np.asarray(toks[:, 0]), minlength=v)
+    assert _chi2_pvalue(first, p[0]) > 1e-3
+    # acceptance of draft 1 happens with probability sum_x min(p0(x), q1(x))
+    rate = float(np.mean(np.asarray(n_acc) >= 1))
+    assert abs(rate - np.minimum(p[0], q[0]).sum()) < 0.02
+    # a sampler that ignored the rule (always emitting the draft) would be caught
+    assert _chi2_pvalue(np.bincount(np.asarray(drafts[:, 0]), minlength=v), p[0]) < 1e-6
+
+
+def _spec_sampling_case(n_requests: int):
+    cfg = dataclasses.replace(tiny(), vocab_size=8, mtp_depth=2)
+    model = make_copy_head(cfg, seed=1)
+    # sharper distributions than the default init: larger LM head
+    model.lm_head.value = model.lm_head.value * 60.0
+    graphdef, state = nnx.split(model)
+    prompt = [1, 2]
+    params = SamplingParams(temperature=1.0, top_k=6, max_new_tokens=3)
+    eng = Engine(graphdef, state, EngineConfig(max_batch=n_requests, max_len=16,
+                                               max_queue=n_requests, spec_depth=2,
+                                               prefill_batch=n_requests))
+    ids = [eng.submit(prompt, dataclasses.replace(params, seed=i)) for i in range(n_requests)]
+    done = eng.run()
+    seqs = np.array([done[i].tokens for i in ids])
+    # exact distributions of the base model under the same sampling parameters
+    fwd = jax.jit(lambda st, t: nnx.merge(graphdef, st)(t, with_mtp=False).logits)
+    pairs = np.array([[a, b] for a in range(8) for b in range(8)])
+    ctx = np.concatenate([np.tile(prompt, (64, 1)), pairs], 1)
+    logits = np.asarray(fwd(state, jnp.asarray(ctx)))
+
+    def processed(lg):
+        lp = log_softmax(lg)
+        cut = np.sort(lp, -1)[..., -6][..., None]
+        lp = np.where(lp >= cut, lp, -np.inf)
+        return np.exp(log_softmax(lp))
+
+    p1 = processed(logits[0, 1])                       # t1 | prompt
+    p2 = processed(logits[::8, 2])                     # t2 | prompt, t1   [8, 8]
+    p3 = processed(logits[:, 3])                       # t3 | prompt, t1, t2   [64, 8]
+    joint12 = (p1[:, None] * p2).reshape(-1)
+    marg3 = (joint12[:, None] * p3).sum(0)
+    return eng, seqs, joint12, marg3
+
+
+@pytest.mark.parametrize("n", [1024, pytest.param(8192, marks=pytest.mark.slow)])
+def test_speculative_sampling_matches_base_distribution(n):
+    eng, seqs, joint12, marg3 = _spec_sampling_case(n)
+    c12 = np.bincount(seqs[:, 0] * 8 + seqs[:, 1], minlength=64)
+    c3 = np.bincount(seqs[:, 2], minlength=8)
+    assert _chi2_pvalue(c12, joint12) > 1e-3
+    assert _chi2_pvalue(c3, marg3) > 1e-3
+    tv = 0.5 * np.abs(c12 / n - joint12).sum()
+    assert tv < 2.5 * np.sqrt(64 / n)
+    m = eng.speculation_metrics()
+    assert 0 < m["acceptance_per_depth"][0] < 1     # the rejection path was exercised
