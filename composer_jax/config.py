@@ -137,6 +137,7 @@ class ModelConfig:
     param_dtype: DType = DType.FLOAT32
     compute_dtype: DType = DType.FLOAT32
     init_std: float = 0.02
+    moe_capacity_factor: float = 0.0   # expert-parallel dispatch: 0 = dropless, > 0 = drop overflow
 
     def __post_init__(self):
         p = "model."
@@ -179,6 +180,7 @@ class ModelConfig:
         _check(self.router_bias_update_rate >= 0, f"{p}router_bias_update_rate must be >= 0")
         _check(self.seq_aux_loss_coef >= 0, f"{p}seq_aux_loss_coef must be >= 0 (0 = off)")
         _check(self.init_std > 0, f"{p}init_std must be > 0")
+        _check(self.moe_capacity_factor >= 0, f"{p}moe_capacity_factor must be >= 0 (0 = dropless)")
 
     @property
     def num_moe_layers(self) -> int:
@@ -269,6 +271,8 @@ class MeshConfig:
     dcn_fsdp: int = 1
     rules: str = "fsdp"
     num_devices: int = 0   # 0 = all visible devices; > 0 with --dry_run makes a virtual mesh
+    cp_attention: str = "allgather"   # context-parallel attention: "allgather" (MLA latent) | "ring"
+    axis_type: str = "auto"           # "auto" (GSPMD propagation) | "explicit" (sharding in types)
 
     def __post_init__(self):
         sizes = self.axis_sizes()
@@ -278,6 +282,12 @@ class MeshConfig:
             _check(s == -1 or s >= 1, f"mesh.{a} must be >= 1 or -1 (auto), got {s}")
         _check(self.dcn_data >= 1 and self.dcn_fsdp >= 1, "mesh.dcn_* must be >= 1")
         _check(self.num_devices >= 0, f"mesh.num_devices must be >= 0, got {self.num_devices}")
+        _check(self.rules in ("fsdp", "ep_fsdp", "cp_ep"),
+               f"mesh.rules: unknown preset {self.rules!r}; choose one of fsdp, ep_fsdp, cp_ep")
+        _check(self.cp_attention in ("allgather", "ring"),
+               f"mesh.cp_attention must be 'allgather' or 'ring', got {self.cp_attention!r}")
+        _check(self.axis_type in ("auto", "explicit"),
+               f"mesh.axis_type must be 'auto' or 'explicit', got {self.axis_type!r}")
 
     def axis_sizes(self) -> dict[str, int]:
         return {a: getattr(self, a) for a in MESH_AXES}

@@ -1,10 +1,12 @@
 """`launch.py --dry_run`: what a configuration costs, without allocating it.
 
-Counts parameters through `jax.eval_shape`, computes FLOPs per token from the config, resolves the
-mesh against the device count, and writes WORKDIR/dry_run.json with the keys DESIGN.md fixes:
-params_total, params_active, flops_per_token, mesh, per_device_bytes. Per-device memory comes from
-compiling the sharded train step (composer_jax.parallel); until that is available here the memory
-fields are null and the JSON says so in `notes`.
+Counts parameters through `jax.eval_shape`, computes FLOPs per token from the config, then
+AOT-compiles the sharded train step on the (virtual) mesh from abstract parameters
+(composer_jax.parallel.plan, run in a subprocess that sees `mesh.num_devices` fake CPU devices)
+and writes WORKDIR/dry_run.json with the keys DESIGN.md fixes (params_total, params_active,
+flops_per_token, mesh, per_device_bytes{params, optimizer, activations, total}) plus the bytes the
+step's collectives move, and WORKDIR/sharding_plan.txt (parameter path -> shape, dtype,
+PartitionSpec). CPU-compiled memory estimates accelerator memory; it is not a measurement.
 """
 from __future__ import annotations
 
@@ -15,13 +17,27 @@ from composer_jax.config import Config, to_dict
 from composer_jax.model.flops import flops_per_token
 from composer_jax.model.params import count_params
 
+NOTE = ("per-device memory is XLA's compiled memory analysis of the train step for the CPU "
+        "backend on a virtual mesh: an estimate of accelerator memory (same SPMD partitioning and "
+        "liveness; fusion, layouts and kernels differ), not a measurement")
+
+
+def _gb(n):
+    return f"{n / 2**30:.2f} GiB"
+
 
 def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     import jax
 
+    from composer_jax.parallel.plan import run_in_subprocess
+
     total, active = count_params(cfg.model)
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
     n_dev = cfg.mesh.num_devices or jax.device_count()
+    cfg_path = workdir / "dry_run_config.json"
+    cfg_path.write_text(json.dumps(to_dict(cfg), indent=1))
+    plan = run_in_subprocess(cfg, str(cfg_path), str(workdir / "dry_run_plan.json"), n_dev)
+    sharding = plan.pop("sharding_plan")
     result = {
         "model": cfg.model.name,
         "params_total": total,
@@ -29,21 +45,34 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
         "flops_per_token": flops["total"],
         "flops_per_token_breakdown": flops,
         "seq_len": cfg.data.seq_len,
-        "mesh": cfg.mesh.resolved(n_dev),
-        "per_device_bytes": {"params": None, "optimizer": None, "activations": None,
-                             "total": None},
-        "notes": "per-device memory needs the sharded AOT compile of the parallelism layer; "
-                 "not computed by this version",
+        "global_batch_size": cfg.data.global_batch_size,
+        "mesh": plan["mesh"],
+        "rules": plan["rules"],
+        "per_device_bytes": plan["per_device_bytes"],
+        "collective_bytes_per_step": plan["collective_bytes_per_step"],
+        "memory_analysis": plan["memory_analysis"],
+        "compile_seconds": plan["compile_seconds"],
+        "notes": NOTE,
         "config": to_dict(cfg.model),
+        "mesh_config": to_dict(cfg.mesh),
     }
     path = workdir / "dry_run.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(path)
+    (workdir / "sharding_plan.txt").write_text(
+        "".join(f"{k}: {v}\n" for k, v in sorted(sharding.items())))
+    (workdir / "dry_run_plan.json").unlink(missing_ok=True)
+    pdb = result["per_device_bytes"]
     print(f"model {cfg.model.name}: {total / 1e9:.3f}B parameters total, {active / 1e9:.3f}B active "
           f"per token (embedding and LM head included, MTP depth {cfg.model.mtp_depth})")
     print(f"training FLOPs/token at seq_len {cfg.data.seq_len}: {flops['total']:.4g} "
           f"(matmul {flops['matmul']:.4g}, attention {flops['attention']:.4g})")
-    print(f"mesh: {result['mesh']}")
-    print(f"wrote {path}")
+    print(f"mesh: {result['mesh']} rules={result['rules']} (compiled in {plan['compile_seconds']}s)")
+    print(f"per device: params {_gb(pdb['params'])}, optimizer {_gb(pdb['optimizer'])}, "
+          f"activations {_gb(pdb['activations'])}, total {_gb(pdb['total'])}")
+    print("collectives per step per device: " + ", ".join(
+        f"{k} {_gb(v)}" for k, v in sorted(result["collective_bytes_per_step"].items())))
+    print(f"note: {NOTE}")
+    print(f"wrote {path} and {workdir / 'sharding_plan.txt'}")
     return result

@@ -20,15 +20,51 @@ def _config() -> Config:
     return Config(model=small(), eval=EvalConfig(max_new_tokens=48, temperature=0.0))
 
 
-def _load(cfg: Config):
+CODE_PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "import os\n\n\ndef list_python_files(path):\n    ",
+    "class Stack:\n    def __init__(self):\n        ",
+    "    def __repr__(self):\n        return ",
+]
+
+
+def load_training_run(run_dir: pathlib.Path):
+    """(model, tokenizer) from a training run's workdir: its config.json, tokenizer.json and the
+    newest readable Orbax checkpoint under checkpoints/."""
+    import json
+
+    from composer_jax.config import from_dict
+    from composer_jax.data.tokenizer import load_tokenizer
+    from composer_jax.errors import CheckpointError
     from composer_jax.model import init_model
+    from composer_jax.train.checkpoint import Checkpointer
+    from composer_jax.train.step import build
+
+    run_cfg = from_dict(Config, json.loads((run_dir / "config.json").read_text()))
+    fns, state = build(init_model(run_cfg.model, run_cfg.seed), run_cfg)
+    ckpt = Checkpointer(run_dir / "checkpoints", run_cfg, 1, 1)
+    found = ckpt.restore_latest(state)
+    ckpt.close()
+    if found is None:
+        raise CheckpointError(f"{run_dir / 'checkpoints'} holds no checkpoint")
+    print(f"loaded {run_dir} at step {found[2]} ({run_cfg.model.name}, "
+          f"mtp_depth={run_cfg.model.mtp_depth})")
+    return fns.merge(found[0].params, found[0].buffers), load_tokenizer(run_dir / "tokenizer.json")
+
+
+def _load(cfg: Config):
+    """(model, tokenizer or None): a training run dir, an HF checkpoint dir, or a fresh model."""
+    from composer_jax.model import init_model
+    if cfg.train.init_from and (pathlib.Path(cfg.train.init_from) / "checkpoints").is_dir():
+        return load_training_run(pathlib.Path(cfg.train.init_from))
     if cfg.train.init_from:
         from composer_jax.model.hf import load_hf
         model_cfg, model = load_hf(cfg.train.init_from)
         print(f"loaded {cfg.train.init_from} ({model_cfg.name}, mtp_depth={model_cfg.mtp_depth})")
-        return model
-    print(f"fresh {cfg.model.name} model (seed {cfg.seed}); set train.init_from=HF_DIR to load one")
-    return init_model(cfg.model, cfg.seed)
+        return model, None
+    print(f"fresh {cfg.model.name} model (seed {cfg.seed}); set train.init_from=HF_DIR or a "
+          f"training run's workdir to load one")
+    return init_model(cfg.model, cfg.seed), None
 
 
 def _run(cfg: Config, workdir: pathlib.Path) -> None:
@@ -41,21 +77,29 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
     from composer_jax.inference.timing import timed_generation, tokens_per_second
     from composer_jax.runlog import MetricsWriter
 
-    model = _load(cfg)
+    model, tokenizer = _load(cfg)
     mcfg = model.cfg
     graphdef, state = nnx.split(model)
     rng = np.random.default_rng(cfg.seed)
-    prompts = [[int(t) for t in rng.integers(0, mcfg.vocab_size, PROMPT_LEN)]
-               for _ in range(NUM_PROMPTS)]
+    if tokenizer is not None:
+        prompts = [tokenizer.encode(p)[:PROMPT_LEN] for p in CODE_PROMPTS[:NUM_PROMPTS]]
+    else:
+        prompts = [[int(t) for t in rng.integers(0, mcfg.vocab_size, PROMPT_LEN)]
+                   for _ in range(NUM_PROMPTS)]
     params = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
                             seed=cfg.seed)
-    ecfg = EngineConfig(max_batch=NUM_PROMPTS, max_len=PROMPT_LEN + params.max_new_tokens + 1,
+    ecfg = EngineConfig(max_batch=NUM_PROMPTS,
+                        max_len=max(len(p) for p in prompts) + params.max_new_tokens + 1,
                         seed=cfg.seed)
     outs, secs, _ = timed_generation(graphdef, state, prompts, params, ecfg)
     tps = tokens_per_second(outs, secs)
     for p, c in zip(prompts, outs):
-        print(f"prompt {p[:8]}... -> {c.tokens} ({c.finish_reason}; "
-              f"mean logprob {np.mean(c.raw_logprobs):.3f})")
+        if tokenizer is not None:
+            print("-" * 60 + f"\n{tokenizer.decode(p + c.tokens)}\n  ({c.finish_reason}; mean "
+                  f"logprob {np.mean(c.raw_logprobs):.3f})")
+        else:
+            print(f"prompt {p[:8]}... -> {c.tokens} ({c.finish_reason}; "
+                  f"mean logprob {np.mean(c.raw_logprobs):.3f})")
     print(f"plain decoding: {tps:.1f} tokens/s (batch {NUM_PROMPTS}, {len(outs[0].tokens)} tokens)")
     metrics = {"tokens_per_sec": tps}
     if mcfg.mtp_depth > 0:

@@ -20,6 +20,8 @@ from flax import nnx
 from composer_jax.config import ModelConfig
 from composer_jax.model import rope as rope_lib
 from composer_jax.model.layers import Ctx, RMSNorm, linear, make_param
+from composer_jax.parallel.ring_attention import ring_attention
+from composer_jax.parallel.sharding import CPAttention, current, shard
 
 
 def attention_mask(q_segment: jax.Array, kv_segment: jax.Array, q_index: jax.Array,
@@ -91,23 +93,43 @@ class MLA(nnx.Module):
         kv = linear(c, self.wkv_b[...], ctx, "bsc,chd->bshd")
         return kv[..., :ctx.cfg.qk_nope_head_dim], kv[..., ctx.cfg.qk_nope_head_dim:]
 
-    def __call__(self, x, positions, segment_ids, ctx: Ctx):
-        """x [B,T,D], positions/segment_ids [B,T] -> [B,T,D] (causal, packed)."""
+    def __call__(self, x, positions, segment_ids, ctx: Ctx, token_index=None):
+        """x [B,T,D], positions/segment_ids [B,T] -> [B,T,D] (causal, packed).
+
+        token_index [B,T]: each token's index in the original sequence (the causal order); default
+        arange(T). Context parallelism passes it because it feeds tokens in load-balanced order.
+        Under a parallel context the sequence may be split over `context`: the compressed latent and
+        shared rope key are all-gathered (default) or K/V pass around a ring (mesh.cp_attention).
+        """
         cfg = ctx.cfg
         inv_freq, att_factor = rope_lib.rope_frequencies(cfg.rope, cfg.qk_rope_head_dim)
         cos, sin = rope_lib.rope_cos_sin(positions, inv_freq, att_factor)
         q_nope, q_pe = self.project_q(x, ctx)
         q_pe = rope_lib.apply_rope(q_pe, cos, sin, cfg.rope.interleaved)
+        q = shard(jnp.concatenate([q_nope, q_pe], axis=-1), ("batch", "seq", "act_heads", None))
         c, k_pe = self.project_latent(x, ctx)
         k_pe = rope_lib.apply_rope(k_pe[:, :, None, :], cos, sin, cfg.rope.interleaved)
-        k_nope, v = self.expand_latent(c, ctx)
-        q = jnp.concatenate([q_nope, q_pe], axis=-1)
-        k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe, k_nope.shape[:-1] + (k_pe.shape[-1],))],
-                            axis=-1)
-        idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-        mask = attention_mask(segment_ids, segment_ids, idx, idx)
+        if token_index is None:
+            token_index = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
         scale = softmax_scale(cfg)
-        out = attend(q, k, v, mask, scale)
+        pc = current()
+        if pc is not None and pc.context_parallel > 1 and pc.cp_attention == CPAttention.RING:
+            k_nope, v = self.expand_latent(c, ctx)
+            k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe, k_nope.shape[:-1]
+                                                          + (k_pe.shape[-1],))], axis=-1)
+            out = ring_attention(q, k, v, segment_ids, token_index, scale, pc)
+        else:
+            # All-gather over the sequence shards only the latent (C) and rope key (R) per token.
+            c = shard(c, ("batch", "kv_seq", "act_kv"))
+            k_pe = shard(k_pe, ("batch", "kv_seq", None, "act_k"))
+            kv_index = shard(token_index, ("batch", "kv_seq"))
+            kv_segment = shard(segment_ids, ("batch", "kv_seq"))
+            k_nope, v = self.expand_latent(c, ctx)
+            k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe, k_nope.shape[:-1]
+                                                          + (k_pe.shape[-1],))], axis=-1)
+            mask = attention_mask(segment_ids, kv_segment, token_index, kv_index)
+            out = attend(q, k, v, mask, scale)
+        out = shard(out, ("batch", "seq", "act_heads", None))
         return linear(out, self.wo[...], ctx, "bthv,hvd->btd")
 
 

@@ -18,13 +18,16 @@ from flax import nnx
 
 from composer_jax.config import ModelConfig, MoEImpl
 from composer_jax.model import router as router_lib
+from composer_jax.quant.grouped import grouped_matmul
 from composer_jax.model.layers import MLP, Ctx, RouterBias, linear, make_param
+from composer_jax.parallel.expert import dispatch_expert_parallel
+from composer_jax.parallel.sharding import current
 
 
 def _grouped(x, w, group_sizes, ctx: Ctx):
     dt = ctx.dtype
-    y = jax.lax.ragged_dot(x.astype(dt), w.astype(dt), group_sizes,
-                           preferred_element_type=jnp.float32)
+    # jax.lax.ragged_dot on GPU/TPU; a blocked batched matmul on CPU (see model/grouped.py).
+    y = grouped_matmul(x.astype(dt), w.astype(dt), group_sizes)
     return y.astype(dt)
 
 
@@ -67,7 +70,12 @@ class MoE(nnx.Module):
             self.shared = None
 
     def __call__(self, x, segment_ids, ctx: Ctx, replay_idx=None):
-        """x [B,T,D] -> (y [B,T,D], aux) with aux = {counts [E], idx [B,T,K], balance_loss []}.
+        """x [B,T,D] -> (y [B,T,D], aux) with aux = {counts [E], idx [B,T,K], balance_loss [],
+        dropped_frac [] (capacity-factor expert parallelism; else 0)}.
+
+        Under a parallel context whose rules put experts on the `expert` mesh axis, dispatch goes
+        through the all-to-all expert-parallel path (composer_jax.parallel.expert); counts are
+        computed on the global arrays, so they are global loads.
 
         replay_idx [B,T,K]: router replay (use these experts). Padding tokens (segment 0) are
         routed like any other but not counted in the loads.
@@ -79,9 +87,16 @@ class MoE(nnx.Module):
                             self.router[...].astype(jnp.float32))
         replay = None if replay_idx is None else replay_idx.reshape(b * t, -1)
         idx, weights, scores = router_lib.route(logits, self.bias[...], cfg, replay)
-        dispatch = dispatch_ragged if cfg.moe_impl == MoEImpl.RAGGED else dispatch_dense
-        y = dispatch(xf, idx, weights, self.w_gate[...], self.w_up[...], self.w_down[...], ctx)
-        y = y.reshape(b, t, d)
+        pc = current()
+        dropped = jnp.zeros((), jnp.float32)
+        if pc is not None and pc.expert_parallel:
+            y, dropped = dispatch_expert_parallel(
+                x, idx.reshape(b, t, -1), weights.reshape(b, t, -1), self.w_gate[...],
+                self.w_up[...], self.w_down[...], ctx.dtype, pc, cfg.moe_capacity_factor)
+        else:
+            dispatch = dispatch_ragged if cfg.moe_impl == MoEImpl.RAGGED else dispatch_dense
+            y = dispatch(xf, idx, weights, self.w_gate[...], self.w_up[...], self.w_down[...], ctx)
+            y = y.reshape(b, t, d)
         if self.shared is not None:
             y = y + self.shared(x, ctx)
         valid = (segment_ids != 0)
@@ -92,5 +107,6 @@ class MoE(nnx.Module):
                 scores.reshape(b, t, -1), idx.reshape(b, t, -1), cfg.num_routed_experts,
                 cfg.num_experts_per_tok, valid) if cfg.seq_aux_loss_coef > 0
                 else jnp.zeros((), jnp.float32)),
+            "dropped_frac": dropped,
         }
         return y, aux

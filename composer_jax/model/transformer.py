@@ -22,6 +22,7 @@ from composer_jax.config import ModelConfig, Remat
 from composer_jax.model.attention import MLA
 from composer_jax.model.layers import MLP, Ctx, RMSNorm, linear, make_param
 from composer_jax.model.moe import MoE
+from composer_jax.parallel.sharding import gather_for_compute, shard
 
 
 @struct.dataclass
@@ -29,7 +30,9 @@ class ModelOutput:
     """logits [B,T,V] f32; mtp_logits [Dm,B,T,V] or None; hidden [B,T,D] (pre-final-norm);
     expert_counts [Lm,E] and mtp_expert_counts [Dm,E] (int32, padding excluded);
     router_indices [Lm,B,T,K] and mtp_router_indices [Dm,B,T,K] (int32) or None;
-    balance_loss: summed sequence-wise balance loss of all MoE layers (0 when disabled)."""
+    balance_loss: summed sequence-wise balance loss of all MoE layers (0 when disabled);
+    moe_dropped_frac: mean fraction of dropped (token, expert) assignments over MoE layers
+    (capacity-factor expert parallelism only; 0 otherwise)."""
     logits: jax.Array
     mtp_logits: jax.Array | None
     hidden: jax.Array
@@ -38,6 +41,7 @@ class ModelOutput:
     router_indices: jax.Array | None
     mtp_router_indices: jax.Array | None
     balance_loss: jax.Array
+    moe_dropped_frac: jax.Array | None = None
 
 
 class Block(nnx.Module):
@@ -51,14 +55,14 @@ class Block(nnx.Module):
         self.ffn = MoE(cfg, rngs, stack) if moe else MLP(cfg, cfg.dense_intermediate_size, rngs,
                                                          stack)
 
-    def __call__(self, x, positions, segment_ids, ctx: Ctx, replay_idx=None):
-        x = x + self.attn(self.attn_norm(x), positions, segment_ids, ctx)
+    def __call__(self, x, positions, segment_ids, ctx: Ctx, replay_idx=None, token_index=None):
+        x = x + self.attn(self.attn_norm(x), positions, segment_ids, ctx, token_index)
         h = self.ffn_norm(x)
         if self.is_moe:
             y, aux = self.ffn(h, segment_ids, ctx, replay_idx)
         else:
             y, aux = self.ffn(h, ctx), None
-        return x + y, aux
+        return shard(x + y, ("batch", "seq", "act_embed")), aux
 
 
 def _remat(fn, policy: Remat):
@@ -71,13 +75,21 @@ def _remat(fn, policy: Remat):
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
-def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None):
-    """Runs a stack of L blocks with lax.scan. replay [L,B,T,K] or None -> (x, stacked aux)."""
+def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None,
+                token_index=None):
+    """Runs a stack of L blocks with lax.scan. replay [L,B,T,K] or None -> (x, stacked aux).
+
+    token_index [B,T]: original token indices (context parallelism), default arange. Under a
+    parallel context each layer's weights are gathered to their compute layout inside the scan
+    body (FSDP: one layer's weights at a time).
+    """
     graphdef, state = nnx.split(blocks)
 
     def body(h, xs):
         layer_state, layer_replay = xs
-        return nnx.merge(graphdef, layer_state)(h, positions, segment_ids, ctx, layer_replay)
+        layer_state = gather_for_compute(layer_state)
+        return nnx.merge(graphdef, layer_state)(h, positions, segment_ids, ctx, layer_replay,
+                                                token_index)
 
     return jax.lax.scan(_remat(body, ctx.cfg.remat), x, (state, replay))
 
@@ -94,16 +106,17 @@ class MTPLayers(nnx.Module):
         self.block = Block(cfg, rngs, stack, moe)
         self.norm = RMSNorm(d, cfg, stack)
 
-    def __call__(self, h0, future_emb, positions, segment_ids, ctx: Ctx, replay=None):
+    def __call__(self, h0, future_emb, positions, segment_ids, ctx: Ctx, replay=None,
+                 token_index=None):
         """h0 [B,T,D], future_emb [Dm,B,T,D] (Emb(t_{i+k})) -> normed hiddens [Dm,B,T,D], aux."""
         graphdef, state = nnx.split(self)
 
         def body(h, xs):
             st, emb, rep = xs
-            m = nnx.merge(graphdef, st)
+            m = nnx.merge(graphdef, gather_for_compute(st))
             x = jnp.concatenate([m.enorm(emb), m.hnorm(h)], axis=-1)
             x = linear(x, m.eh_proj[...], ctx)
-            x, aux = m.block(x, positions, segment_ids, ctx, rep)
+            x, aux = m.block(x, positions, segment_ids, ctx, rep, token_index)
             return x, (m.norm(x), aux)
 
         _, (normed, aux) = jax.lax.scan(_remat(body, ctx.cfg.remat), h0, (state, future_emb, replay))
@@ -137,12 +150,16 @@ class Transformer(nnx.Module):
                           preferred_element_type=jnp.float32)
 
     def __call__(self, tokens, positions=None, segment_ids=None, router_replay=None,
-                 mtp_router_replay=None, with_mtp: bool = True) -> ModelOutput:
+                 mtp_router_replay=None, with_mtp: bool = True, token_index=None,
+                 mtp_tokens=None) -> ModelOutput:
         """tokens [B,T] int -> ModelOutput.
 
         positions [B,T] (default arange; restart per packed document), segment_ids [B,T]
         (default all 1; 0 = padding; attention never crosses segments), router_replay [Lm,B,T,K]
         and mtp_router_replay [Dm,B,T,K]: expert indices to reuse instead of routing afresh.
+        token_index [B,T] (default arange) and mtp_tokens [Dm,B,T] (default tokens shifted left by
+        k): given by context parallelism, which feeds tokens in load-balanced order
+        (composer_jax.parallel.context_parallel.reorder_batch).
         """
         cfg = self.cfg
         ctx = Ctx(cfg)
@@ -151,26 +168,37 @@ class Transformer(nnx.Module):
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         if segment_ids is None:
             segment_ids = jnp.ones((b, t), jnp.int32)
-        x = self.embed_tokens(tokens, ctx)
+        x = shard(self.embed_tokens(tokens, ctx), ("batch", "seq", "act_embed"))
         if self.dense_layers is not None:
-            x, _ = scan_blocks(self.dense_layers, x, positions, segment_ids, ctx)
+            x, _ = scan_blocks(self.dense_layers, x, positions, segment_ids, ctx,
+                               token_index=token_index)
         counts = indices = None
         balance = jnp.zeros((), jnp.float32)
+        dropped = []
         if self.moe_layers is not None:
-            x, aux = scan_blocks(self.moe_layers, x, positions, segment_ids, ctx, router_replay)
+            x, aux = scan_blocks(self.moe_layers, x, positions, segment_ids, ctx, router_replay,
+                                 token_index)
             counts, indices = aux["counts"], aux["idx"]
             balance = balance + aux["balance_loss"].sum()
-        logits = self.head(self.final_norm(x), ctx)
+            dropped.append(aux["dropped_frac"])
+        logits = shard(self.head(self.final_norm(x), ctx), ("batch", "seq", "act_vocab"))
         mtp_logits = mtp_counts = mtp_indices = None
         if self.mtp is not None and with_mtp:
-            future = jnp.stack([self.embed_tokens(shift_tokens(tokens, k), ctx)
-                                for k in range(1, cfg.mtp_depth + 1)])
-            normed, aux = self.mtp(x, future, positions, segment_ids, ctx, mtp_router_replay)
-            mtp_logits = self.head(normed, ctx)
+            if mtp_tokens is None:
+                mtp_tokens = jnp.stack([shift_tokens(tokens, k)
+                                        for k in range(1, cfg.mtp_depth + 1)])
+            future = jnp.stack([self.embed_tokens(mtp_tokens[k], ctx)
+                                for k in range(cfg.mtp_depth)])
+            normed, aux = self.mtp(x, future, positions, segment_ids, ctx, mtp_router_replay,
+                                   token_index)
+            mtp_logits = shard(self.head(normed, ctx), (None, "batch", "seq", "act_vocab"))
             if aux is not None:
                 mtp_counts, mtp_indices = aux["counts"], aux["idx"]
                 balance = balance + aux["balance_loss"].sum()
+                dropped.append(aux["dropped_frac"])
+        dropped_frac = (jnp.mean(jnp.concatenate(dropped)) if dropped
+                        else jnp.zeros((), jnp.float32))
         return ModelOutput(logits=logits, mtp_logits=mtp_logits, hidden=x,
                            expert_counts=counts, mtp_expert_counts=mtp_counts,
                            router_indices=indices, mtp_router_indices=mtp_indices,
-                           balance_loss=balance)
+                           balance_loss=balance, moe_dropped_frac=dropped_frac)
