@@ -20,6 +20,11 @@ flags.DEFINE_string("experiment", None, "experiment name, or 'list' to list them
 flags.DEFINE_string("workdir", None, "run directory (default: runs/EXPERIMENT)")
 flags.DEFINE_multi_string("set", [], "override: key.path=value (repeatable)")
 flags.DEFINE_bool("dry_run", False, "build and count/compile abstractly; run nothing")
+flags.DEFINE_string("coordinator", None, "multi-host: coordinator address host:port "
+                    "(default: $COMPOSER_JAX_COORDINATOR, or SLURM/TPU auto-detection)")
+flags.DEFINE_integer("num_processes", None, "multi-host: number of processes")
+flags.DEFINE_integer("process_id", None, "multi-host: this process's index")
+flags.DEFINE_string("local_device_ids", None, "multi-host: comma-separated local device ids")
 FLAGS = flags.FLAGS
 
 
@@ -40,6 +45,10 @@ def main(argv):
                 print(f"  {name:<{width}}  {exps[name].description}")
             return 0
         exp = registry.get(FLAGS.experiment)
+        if not FLAGS.dry_run:
+            from composer_jax.parallel.multihost import initialize
+            initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id,
+                       FLAGS.local_device_ids)
         cfg = apply_overrides(exp.make_config(), FLAGS.set, SECTION_PRESETS)
         workdir = pathlib.Path(FLAGS.workdir or f"runs/{exp.name}").absolute()
         workdir.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,20 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def _coerce_enums(obj, section: str) -> None:
+    """Lets enum fields be given by value (e.g. dataclasses.replace(cfg, precision="mxfp8"))."""
+    import typing
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        typ, value = hints[f.name], getattr(obj, f.name)
+        if isinstance(typ, type) and issubclass(typ, enum.Enum) and not isinstance(value, typ):
+            try:
+                object.__setattr__(obj, f.name, typ(value))
+            except ValueError:
+                raise ConfigError(f"{section}.{f.name}: {value!r} is not one of "
+                                  f"{[m.value for m in typ]}") from None
+
+
 # ----------------------------------------------------------------------------------------------
 # Model
 # ----------------------------------------------------------------------------------------------
@@ -87,6 +101,7 @@ class RopeConfig:
     interleaved: bool = True
 
     def __post_init__(self):
+        _coerce_enums(self, "model.rope")
         _check(self.theta > 0, f"model.rope.theta must be > 0, got {self.theta}")
         _check(self.factor >= 1.0, f"model.rope.factor must be >= 1, got {self.factor}")
         _check(self.original_max_position > 0,
@@ -138,8 +153,10 @@ class ModelConfig:
     compute_dtype: DType = DType.FLOAT32
     init_std: float = 0.02
     moe_capacity_factor: float = 0.0   # expert-parallel dispatch: 0 = dropless, > 0 = drop overflow
+    quant_bf16_last_blocks: int = 0    # low precision: the last N transformer blocks (and MTP) stay BF16
 
     def __post_init__(self):
+        _coerce_enums(self, "model")
         p = "model."
         for f in ("vocab_size", "hidden_size", "num_layers", "dense_intermediate_size",
                   "moe_intermediate_size", "num_heads", "kv_lora_rank", "qk_nope_head_dim",
@@ -181,6 +198,9 @@ class ModelConfig:
         _check(self.seq_aux_loss_coef >= 0, f"{p}seq_aux_loss_coef must be >= 0 (0 = off)")
         _check(self.init_std > 0, f"{p}init_std must be > 0")
         _check(self.moe_capacity_factor >= 0, f"{p}moe_capacity_factor must be >= 0 (0 = dropless)")
+        _check(0 <= self.quant_bf16_last_blocks <= self.num_layers,
+               f"{p}quant_bf16_last_blocks must be in [0, num_layers={self.num_layers}], got "
+               f"{self.quant_bf16_last_blocks}")
 
     @property
     def num_moe_layers(self) -> int:
@@ -275,6 +295,7 @@ class MeshConfig:
     axis_type: str = "auto"           # "auto" (GSPMD propagation) | "explicit" (sharding in types)
 
     def __post_init__(self):
+        _coerce_enums(self, "mesh")
         sizes = self.axis_sizes()
         autos = [a for a, s in sizes.items() if s == -1]
         _check(len(autos) <= 1, f"mesh: at most one axis may be -1 (auto), got {autos}")
@@ -356,6 +377,7 @@ class TrainConfig:
     init_from: str = ""            # checkpoint dir or HF dir to start from ("" = random init)
 
     def __post_init__(self):
+        _coerce_enums(self, "train")
         p = "train."
         for f in ("steps", "microbatches", "log_every", "eval_every",
                   "checkpoint_every", "keep_checkpoints", "max_nonfinite_steps"):
@@ -394,6 +416,7 @@ class RLConfig:
     full_snapshot_every: int = 10       # weight sync: a full snapshot every K versions
 
     def __post_init__(self):
+        _coerce_enums(self, "rl")
         _check(self.group_size >= 1, "rl.group_size must be >= 1")
         _check(self.is_truncation >= 1, "rl.is_truncation must be >= 1")
         _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")

@@ -70,50 +70,54 @@ def parse_value(text: str, typ, where: str):
     raise ConfigError(f"{where}: fields of type {typ} cannot be set from the command line")
 
 
-def apply_override(cfg, key: str, text: str, presets: dict | None = None, prefix: str = ""):
-    """Returns a copy of dataclass `cfg` with the dotted `key` set from string `text`.
-
-    presets: {section name: {preset name: () -> section}}, for `--set section=preset`.
-    """
-    presets = presets or {}
+def _set_in_dict(cls, d: dict, key: str, text: str, presets: dict, prefix: str = "") -> None:
+    """Sets dotted `key` inside `d` (the dict form of dataclass `cls`), type-checking the value."""
     head, _, rest = key.partition(".")
     where = prefix + head
-    names = [f.name for f in dataclasses.fields(cfg)]
+    names = [f.name for f in dataclasses.fields(cls)]
     if head not in names:
         raise ConfigError(f"unknown config key {where!r}; valid keys at this level: "
                           f"{', '.join(prefix + n for n in names)}")
-    current = getattr(cfg, head)
-    typ = _field_types(type(cfg))[head]
-    try:
-        if rest:
-            if not dataclasses.is_dataclass(current):
-                raise ConfigError(f"{where} is a {type(current).__name__}, not a section; "
-                                  f"cannot set {prefix + key!r}")
-            value = apply_override(current, rest, text, presets.get(head), where + ".")
-        elif dataclasses.is_dataclass(current):
-            table = presets.get(head) or {}
-            if not isinstance(table, dict) or text not in table:
-                valid = sorted(table) if isinstance(table, dict) else []
-                raise ConfigError(f"{where} is a section; set one of its keys ({where}.KEY=VALUE) "
-                                  f"or a preset name: {valid or 'none defined'}; got {text!r}")
-            value = table[text]()
-        else:
-            value = parse_value(text, typ, where)
-        return dataclasses.replace(cfg, **{head: value})
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from None
+    typ = _field_types(cls)[head]
+    if rest:
+        if not dataclasses.is_dataclass(typ):
+            raise ConfigError(f"{where} is a {getattr(typ, '__name__', typ)}, not a section; "
+                              f"cannot set {prefix + key!r}")
+        _set_in_dict(typ, d[head], rest, text, (presets or {}).get(head) or {}, where + ".")
+    elif dataclasses.is_dataclass(typ):
+        table = (presets or {}).get(head) or {}
+        if not isinstance(table, dict) or text not in table:
+            valid = sorted(table) if isinstance(table, dict) else []
+            raise ConfigError(f"{where} is a section; set one of its keys ({where}.KEY=VALUE) "
+                              f"or a preset name: {valid or 'none defined'}; got {text!r}")
+        from composer_jax.config import to_dict
+        d[head] = to_dict(table[text]())
+    else:
+        value = parse_value(text, typ, where)
+        d[head] = value.value if isinstance(value, enum.Enum) else (
+            list(value) if isinstance(value, tuple) else value)
 
 
 def apply_overrides(cfg, overrides: list[str], presets: dict | None = None):
-    """Applies `key=value` strings in order; each is validated when its section is rebuilt."""
+    """Applies `key=value` strings in order and validates the result once, at the end (so
+    `--set train.steps=4 --set train.warmup_steps=1` works in either order).
+
+    Unknown keys and badly typed values fail at the override that names them; an invalid
+    combination fails with the section's validation message.
+    """
+    from composer_jax.config import to_dict
+    d = to_dict(cfg)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.path=value")
         key, _, text = item.partition("=")
-        cfg = apply_override(cfg, key.strip(), text.strip(), presets)
-    return cfg
+        _set_in_dict(type(cfg), d, key.strip(), text.strip(), presets or {})
+    try:
+        return build_dataclass(type(cfg), d)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def build_dataclass(cls, d: dict, prefix: str = ""):

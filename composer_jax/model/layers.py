@@ -28,12 +28,24 @@ def dtype_of(name) -> jnp.dtype:
 
 @dataclasses.dataclass(frozen=True)
 class Ctx:
-    """What every forward needs besides parameters: compute dtype, matmul precision, config."""
+    """What every forward needs besides parameters: the config, the compute dtype, and for the
+    low-precision recipe whether this layer's FFN matmuls are quantized and the key that drives
+    NVFP4's stochastic rounding of gradients (None: round to nearest)."""
     cfg: ModelConfig
+    key: jax.Array | None = None
+    quantized: bool = True
 
     @property
     def dtype(self):
         return dtype_of(self.cfg.compute_dtype)
+
+    @property
+    def fmt(self) -> str:
+        """Number format of this layer's FFN/expert matmuls: "bf16", "mxfp8" or "nvfp4"."""
+        return self.cfg.precision.value if self.quantized else "bf16"
+
+    def subkey(self, tag: int) -> jax.Array | None:
+        return None if self.key is None else jax.random.fold_in(self.key, tag)
 
 
 def make_param(rngs: nnx.Rngs | None, shape: tuple[int, ...], axes: tuple[str | None, ...],
@@ -76,6 +88,17 @@ def linear(x: jax.Array, w: jax.Array, ctx: Ctx, spec: str = "...d,df->...f") ->
     return y.astype(dt)
 
 
+def ffn_linear(x: jax.Array, w: jax.Array, ctx: Ctx, tag: int) -> jax.Array:
+    """x [..., K] @ w [K, N] for FFN weights: in the compute dtype (bf16 recipe), or quantized
+    (MXFP8/NVFP4, composer_jax.quant.quantized_matmul: every GEMM of forward and backward quantizes
+    along its own contraction axis, FP32 accumulation). `tag` makes each matmul's key distinct."""
+    if ctx.fmt == "bf16":
+        return linear(x, w, ctx)
+    from composer_jax.quant import quantized_matmul
+    return quantized_matmul(x.astype(ctx.dtype), w.astype(ctx.dtype), ctx.fmt,
+                            key=ctx.subkey(tag)).astype(ctx.dtype)
+
+
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, cfg: ModelConfig, stack: tuple[int, ...] = (), axis_name="norm",
                  eps: float | None = None):
@@ -96,5 +119,5 @@ class MLP(nnx.Module):
         self.down = make_param(rngs, (width, d), ("mlp", "embed"), cfg, stack)
 
     def __call__(self, x, ctx: Ctx):
-        h = jax.nn.silu(linear(x, self.gate[...], ctx)) * linear(x, self.up[...], ctx)
-        return linear(h, self.down[...], ctx)
+        h = jax.nn.silu(ffn_linear(x, self.gate[...], ctx, 1)) * ffn_linear(x, self.up[...], ctx, 2)
+        return ffn_linear(h, self.down[...], ctx, 3)

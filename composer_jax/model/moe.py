@@ -24,9 +24,14 @@ from composer_jax.parallel.expert import dispatch_expert_parallel
 from composer_jax.parallel.sharding import current
 
 
-def _grouped(x, w, group_sizes, ctx: Ctx):
+def _grouped(x, w, group_sizes, ctx: Ctx, tag: int = 0):
+    """Per-expert matmul in the layer's number format (ctx.fmt); FP32 accumulation."""
     dt = ctx.dtype
-    # jax.lax.ragged_dot on GPU/TPU; a blocked batched matmul on CPU (see model/grouped.py).
+    if ctx.fmt != "bf16":
+        from composer_jax.quant import quantized_ragged_dot
+        return quantized_ragged_dot(x.astype(dt), w.astype(dt), group_sizes, ctx.fmt,
+                                    key=ctx.subkey(10 + tag)).astype(dt)
+    # jax.lax.ragged_dot on GPU/TPU; a blocked batched matmul on CPU (see quant/grouped.py).
     y = grouped_matmul(x.astype(dt), w.astype(dt), group_sizes)
     return y.astype(dt)
 
@@ -39,8 +44,9 @@ def dispatch_ragged(x, idx, weights, w_gate, w_up, w_down, ctx: Ctx):
     order = jnp.argsort(flat, stable=True)                           # assignments sorted by expert
     group_sizes = jnp.bincount(flat, length=e).astype(jnp.int32)     # [E]
     xs = x[order // k]                                               # [N*K, D]
-    h = jax.nn.silu(_grouped(xs, w_gate, group_sizes, ctx)) * _grouped(xs, w_up, group_sizes, ctx)
-    ys = _grouped(h, w_down, group_sizes, ctx)                       # [N*K, D]
+    h = (jax.nn.silu(_grouped(xs, w_gate, group_sizes, ctx, 1))
+         * _grouped(xs, w_up, group_sizes, ctx, 2))
+    ys = _grouped(h, w_down, group_sizes, ctx, 3)                       # [N*K, D]
     inverse = jnp.argsort(order)
     y = ys[inverse].reshape(n, k, -1)
     return jnp.einsum("nkd,nk->nd", y.astype(jnp.float32), weights).astype(x.dtype)

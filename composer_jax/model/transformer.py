@@ -14,6 +14,8 @@ Lm MoE layers, Dm MTP depth.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
@@ -76,22 +78,36 @@ def _remat(fn, policy: Remat):
 
 
 def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None,
-                token_index=None):
+                token_index=None, first_layer: int = 0):
     """Runs a stack of L blocks with lax.scan. replay [L,B,T,K] or None -> (x, stacked aux).
 
-    token_index [B,T]: original token indices (context parallelism), default arange. Under a
+    token_index [B,T]: original token indices (context parallelism), default arange. first_layer:
+    the stack's first global layer index (for quant_bf16_last_blocks); ctx.key is split per layer. Under a
     parallel context each layer's weights are gathered to their compute layout inside the scan
     body (FSDP: one layer's weights at a time).
     """
     graphdef, state = nnx.split(blocks)
+    n = jax.tree.leaves(state)[0].shape[0]
+    keys = None if ctx.key is None else jax.random.split(ctx.key, n)
+    # Low precision: blocks whose global index is among the last `quant_bf16_last_blocks` stay BF16.
+    keep_bf16 = jnp.arange(first_layer, first_layer + n) >= (
+        ctx.cfg.num_layers - ctx.cfg.quant_bf16_last_blocks)
+    mixed = ctx.fmt != "bf16" and ctx.cfg.quant_bf16_last_blocks > 0
 
     def body(h, xs):
-        layer_state, layer_replay = xs
+        layer_state, layer_replay, layer_key, layer_bf16 = xs
         layer_state = gather_for_compute(layer_state)
-        return nnx.merge(graphdef, layer_state)(h, positions, segment_ids, ctx, layer_replay,
-                                                token_index)
+        block = nnx.merge(graphdef, layer_state)
 
-    return jax.lax.scan(_remat(body, ctx.cfg.remat), x, (state, replay))
+        def run(quantized):
+            c = dataclasses.replace(ctx, key=layer_key, quantized=quantized)
+            return block(h, positions, segment_ids, c, layer_replay, token_index)
+
+        if not mixed:
+            return run(ctx.quantized)
+        return jax.lax.cond(layer_bf16, lambda: run(False), lambda: run(True))
+
+    return jax.lax.scan(_remat(body, ctx.cfg.remat), x, (state, replay, keys, keep_bf16))
 
 
 class MTPLayers(nnx.Module):
@@ -108,18 +124,28 @@ class MTPLayers(nnx.Module):
 
     def __call__(self, h0, future_emb, positions, segment_ids, ctx: Ctx, replay=None,
                  token_index=None):
-        """h0 [B,T,D], future_emb [Dm,B,T,D] (Emb(t_{i+k})) -> normed hiddens [Dm,B,T,D], aux."""
+        """h0 [B,T,D], future_emb [Dm,B,T,D] (Emb(t_{i+k})) -> normed hiddens [Dm,B,T,D], aux.
+
+        The MTP blocks follow the last main blocks, so they stay BF16 when quant_bf16_last_blocks > 0.
+        """
         graphdef, state = nnx.split(self)
+        if ctx.cfg.quant_bf16_last_blocks > 0:
+            ctx = dataclasses.replace(ctx, quantized=False)
+
+        depth = future_emb.shape[0]
+        keys = None if ctx.key is None else jax.random.split(jax.random.fold_in(ctx.key, 2), depth)
 
         def body(h, xs):
-            st, emb, rep = xs
+            st, emb, rep, key = xs
+            c = dataclasses.replace(ctx, key=key)
             m = nnx.merge(graphdef, gather_for_compute(st))
             x = jnp.concatenate([m.enorm(emb), m.hnorm(h)], axis=-1)
-            x = linear(x, m.eh_proj[...], ctx)
-            x, aux = m.block(x, positions, segment_ids, ctx, rep, token_index)
+            x = linear(x, m.eh_proj[...], c)
+            x, aux = m.block(x, positions, segment_ids, c, rep, token_index)
             return x, (m.norm(x), aux)
 
-        _, (normed, aux) = jax.lax.scan(_remat(body, ctx.cfg.remat), h0, (state, future_emb, replay))
+        _, (normed, aux) = jax.lax.scan(_remat(body, ctx.cfg.remat), h0,
+                                        (state, future_emb, replay, keys))
         return normed, aux
 
 
@@ -151,7 +177,7 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens, positions=None, segment_ids=None, router_replay=None,
                  mtp_router_replay=None, with_mtp: bool = True, token_index=None,
-                 mtp_tokens=None) -> ModelOutput:
+                 mtp_tokens=None, quant_key=None) -> ModelOutput:
         """tokens [B,T] int -> ModelOutput.
 
         positions [B,T] (default arange; restart per packed document), segment_ids [B,T]
@@ -159,10 +185,11 @@ class Transformer(nnx.Module):
         and mtp_router_replay [Dm,B,T,K]: expert indices to reuse instead of routing afresh.
         token_index [B,T] (default arange) and mtp_tokens [Dm,B,T] (default tokens shifted left by
         k): given by context parallelism, which feeds tokens in load-balanced order
-        (composer_jax.parallel.context_parallel.reorder_batch).
+        (composer_jax.parallel.context_parallel.reorder_batch). quant_key: PRNG key for NVFP4's
+        stochastic rounding of gradients (model.precision=nvfp4); None rounds to nearest.
         """
         cfg = self.cfg
-        ctx = Ctx(cfg)
+        ctx = Ctx(cfg, key=quant_key)
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -176,8 +203,10 @@ class Transformer(nnx.Module):
         balance = jnp.zeros((), jnp.float32)
         dropped = []
         if self.moe_layers is not None:
-            x, aux = scan_blocks(self.moe_layers, x, positions, segment_ids, ctx, router_replay,
-                                 token_index)
+            x, aux = scan_blocks(self.moe_layers, x, positions, segment_ids,
+                                 dataclasses.replace(ctx, key=None if ctx.key is None else
+                                                     jax.random.fold_in(ctx.key, 1)),
+                                 router_replay, token_index, first_layer=cfg.first_k_dense)
             counts, indices = aux["counts"], aux["idx"]
             balance = balance + aux["balance_loss"].sum()
             dropped.append(aux["dropped_frac"])

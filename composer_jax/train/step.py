@@ -78,8 +78,9 @@ def split_model(model: Transformer):
     return graphdef, params, buffers
 
 
-def _forward_losses(model: Transformer, batch: dict, cfg: Config, denom, mtp_denom):
-    out = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"])
+def _forward_losses(model: Transformer, batch: dict, cfg: Config, denom, mtp_denom, key=None):
+    out = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
+                quant_key=key)
     tc = cfg.train
     ce = losses.cross_entropy_sum(out.logits, batch["targets"], batch["loss_mask"]) / denom
     total = ce
@@ -144,8 +145,8 @@ def build(model: Transformer, cfg: Config) -> tuple[StepFns, TrainState]:
         nnx.replace_by_pure_dict(fresh_b, b)
         return nnx.merge(graphdef, fresh_p, fresh_b)
 
-    def loss_fn(p, b, mb, denom, mtp_denom):
-        return _forward_losses(merge(p, b), mb, cfg, denom, mtp_denom)
+    def loss_fn(p, b, mb, denom, mtp_denom, key=None):
+        return _forward_losses(merge(p, b), mb, cfg, denom, mtp_denom, key)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -154,8 +155,15 @@ def build(model: Transformer, cfg: Config) -> tuple[StepFns, TrainState]:
         mtp_denom = jnp.maximum(batch["mtp_mask"].sum(axis=(0, 2)), 1.0)      # [D]
         split = jax.tree.map(lambda x: x.reshape((micro, x.shape[0] // micro) + x.shape[1:]), batch)
 
-        def accumulate(carry, mb):
-            (loss, aux), g = grad_fn(state.params, state.buffers, mb, denom, mtp_denom)
+        # Randomness (NVFP4 stochastic rounding) derives from (seed, step, microbatch): a resumed
+        # run draws exactly the same numbers.
+        step_key = jax.random.fold_in(jax.random.key(cfg.seed), state.step)
+        mb_keys = jax.random.split(step_key, micro)
+
+        def accumulate(carry, xs):
+            mb, key = xs
+            key = key if cfg.model.precision.value == "nvfp4" else None
+            (loss, aux), g = grad_fn(state.params, state.buffers, mb, denom, mtp_denom, key)
             acc_g, acc = carry
             acc_g = jax.tree.map(jnp.add, acc_g, g)
             acc = jax.tree.map(jnp.add, acc, {"loss": loss, "ce": aux["ce"], "mtp": aux["mtp"],
@@ -167,7 +175,7 @@ def build(model: Transformer, cfg: Config) -> tuple[StepFns, TrainState]:
                                       jax.tree.map(lambda x: x[0], split), denom, mtp_denom)
         zeros_acc = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                                  {"loss": jax.ShapeDtypeStruct((), jnp.float32), **aux_shape})
-        (grads, acc), _ = jax.lax.scan(accumulate, (zeros_g, zeros_acc), split)
+        (grads, acc), _ = jax.lax.scan(accumulate, (zeros_g, zeros_acc), (split, mb_keys))
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(acc["loss"]) & jnp.isfinite(grad_norm)
         updates, new_opt = tx.update(grads, state.opt_state, state.params)

@@ -90,3 +90,11 @@ def test_cli_list_and_dry_run(tmp_path):
     assert set(dry["per_device_bytes"]) >= {"params", "optimizer", "activations", "total"}
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["model"]["name"] == "kimi_k2_5"
+
+
+def test_overrides_validate_once_at_the_end():
+    from composer_jax.config import Config
+    cfg = apply_overrides(Config(), ["train.steps=4", "train.warmup_steps=1"], SECTION_PRESETS)
+    assert (cfg.train.steps, cfg.train.warmup_steps) == (4, 1)
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        apply_overrides(Config(), ["train.steps=4", "train.warmup_steps=9"], SECTION_PRESETS)
