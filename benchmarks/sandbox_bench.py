@@ -1,0 +1,162 @@
+"""Sandbox benchmark: start-up latency and sandboxed test runs per second.
+
+  python benchmarks/sandbox_bench.py [--pool DIR] [--seconds 20] [--workers 2] [--out FILE]
+
+1. Start-up: the median wall time of `Sandbox.run("true")` (bubblewrap with fresh pid/net/ipc/uts
+   namespaces, read-only system binds, privilege drop, rlimits, bash), measured from Python —
+   i.e. everything a tool call pays before its command starts. Targets: median <= 20 ms.
+2. Throughput: grading runs of real tasks (each task's FAIL_TO_PASS + PASS_TO_PASS ids through the
+   unittest runner with the task's interpreter) in `--workers` threads for `--seconds`, on the
+   reference fix, both cold (fresh sandbox and interpreter per run) and warm (the sandboxed fork
+   server generation uses). Target: >= 20 runs/s on 2 cores. Tasks come from `--pool` (an env_generate pool);
+   without one, a small pool is generated first into a temporary directory.
+Results go to stdout and to `--out` (default benchmarks/results/sandbox_bench.txt).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from composer_jax.env.config import EnvConfig, SandboxBackend  # noqa: E402
+from composer_jax.env.pythons import get_python  # noqa: E402
+from composer_jax.env.sandbox import Limits, Sandbox, allocate_uid, resolve_backend  # noqa: E402
+from composer_jax.env.tasks.pool import TaskPool  # noqa: E402
+from composer_jax.env.tasks.testrun import run_tests  # noqa: E402
+from composer_jax.env.tasks.validate import Scratch  # noqa: E402
+
+STARTUP_TARGET_MS = 20.0
+RUNS_TARGET = 20.0
+
+
+def bench_startup(n: int, backend: SandboxBackend) -> list[float]:
+    """Wall times (ms) of n sandboxed `true` commands in one workspace."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
+        ws = pathlib.Path(tmp, "ws")
+        ws.mkdir()
+        uid = allocate_uid()
+        if uid is not None:
+            os.chmod(tmp, 0o711)
+            os.chown(ws, uid, uid)
+        sb = Sandbox(ws, backend=backend, limits=Limits(), uid=uid)
+        times = []
+        for _ in range(n + 5):
+            t = time.perf_counter()
+            r = sb.run("true")
+            times.append((time.perf_counter() - t) * 1000)
+            assert r.exit_code == 0, r.output
+        sb.close()
+    return times[5:]  # the first runs warm the page cache
+
+
+def bench_runs(pool: TaskPool, seconds: float, workers: int, backend, cfg,
+               warm: bool) -> tuple[int, float, int]:
+    """(runs, elapsed seconds, failures) of grading runs on the reference fixes, `workers` threads.
+
+    warm=False: a fresh sandbox + interpreter per run (`run_tests`, as episodes are graded);
+    warm=True: the sandboxed fork server (`TestServer`, as generation validates tasks)."""
+    cfg = dataclasses.replace(cfg, fork_server=warm)
+    tasks = pool.tasks()
+    deadline = time.monotonic() + seconds
+
+    def worker(k: int) -> tuple[int, int]:
+        runs = fails = 0
+        scratches = {}
+        i = k
+        while time.monotonic() < deadline:
+            task = tasks[i % len(tasks)]
+            i += workers
+            sx = scratches.get(task.python_version)
+            if sx is None:
+                sx = scratches[task.python_version] = Scratch(get_python(task.python_version), backend, cfg)
+            d = pool.task_dir(task.task_id)
+            files = {r: (d / "snapshot" / r).read_text() for r in task.test_files}
+            files.update({r: (d / "solution" / r).read_text() for r in task.edit_files})
+            sx.write(files)
+            run = sx.run(list(task.test_ids)) if warm else \
+                run_tests(sx.sandbox, sx.py.executable, list(task.test_ids), timeout_s=30)
+            runs += 1
+            fails += not all(run.passed(t) for t in task.test_ids)
+        for sx in scratches.values():
+            sx.close()
+        return runs, fails
+
+    start = time.monotonic()
+    with cf.ThreadPoolExecutor(workers) as ex:
+        results = list(ex.map(worker, range(workers)))
+    return sum(r for r, _ in results), time.monotonic() - start, sum(f for _, f in results)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pool", default="")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--startup_runs", type=int, default=200)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sandbox_bench.txt"))
+    args = ap.parse_args(argv)
+    cfg = EnvConfig()
+    backend = resolve_backend(cfg.sandbox_backend)
+    if args.pool:
+        pool = TaskPool(pathlib.Path(args.pool))
+        pool_note = f"pool {args.pool}"
+    else:
+        from composer_jax.env.tasks.generate import generate_pool
+        tmp = tempfile.mkdtemp(prefix="cj-bench-pool-")
+        generate_pool(EnvConfig(num_tasks=20, python_versions=cfg.python_versions[-1:]), pathlib.Path(tmp),
+                      progress=False)
+        pool = TaskPool(pathlib.Path(tmp))
+        pool_note = f"freshly generated pool of {len(pool)} tasks"
+    startup = bench_startup(args.startup_runs, backend)
+    load_before = os.getloadavg()[0]
+    runs, elapsed, fails = bench_runs(pool, args.seconds, args.workers, backend, cfg, warm=False)
+    wruns, welapsed, wfails = bench_runs(pool, args.seconds, args.workers, backend, cfg, warm=True)
+    med = statistics.median(startup)
+    p90 = sorted(startup)[int(0.9 * len(startup))]
+    rate = runs / elapsed
+    wrate = wruns / welapsed
+    bw = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip() \
+        if backend == SandboxBackend.BWRAP else "none (fallback)"
+    ids = sum(len(t.test_ids) for t in pool.tasks()) / max(len(pool), 1)
+    lines = [
+        "composer_jax sandbox benchmark (benchmarks/sandbox_bench.py)",
+        f"machine: {os.cpu_count()} CPUs, {platform.platform()}, python {platform.python_version()}, {bw}",
+        f"backend: {backend.value}; workers: {args.workers}; tasks: {pool_note} "
+        f"({len(pool)} tasks, {ids:.1f} test ids per grading run on average)",
+        "",
+        f"sandbox start-up (n={len(startup)}): median {med:.2f} ms, p90 {p90:.2f} ms, "
+        f"min {min(startup):.2f} ms, max {max(startup):.2f} ms",
+        f"  target median <= {STARTUP_TARGET_MS:.0f} ms: {'PASS' if med <= STARTUP_TARGET_MS else 'FAIL'} "
+        f"(target / measured = {STARTUP_TARGET_MS / med:.2f}x)",
+        f"sandboxed test runs, cold (fresh sandbox + interpreter per run, as grading): {runs} runs "
+        f"in {elapsed:.1f} s = {rate:.1f} runs/s ({fails} runs with a failing test)",
+        f"  target >= {RUNS_TARGET:.0f} runs/s: {'PASS' if rate >= RUNS_TARGET else 'FAIL'} "
+        f"(measured / target = {rate / RUNS_TARGET:.2f}x)",
+        f"sandboxed test runs, warm (sandboxed fork server, as generation): {wruns} runs in "
+        f"{welapsed:.1f} s = {wrate:.1f} runs/s ({wfails} runs with a failing test)",
+        f"  target >= {RUNS_TARGET:.0f} runs/s: {'PASS' if wrate >= RUNS_TARGET else 'FAIL'} "
+        f"(measured / target = {wrate / RUNS_TARGET:.2f}x)",
+        f"1-minute load average before the run: {load_before:.2f} on {os.cpu_count()} CPUs "
+        f"(other jobs share this machine; numbers degrade with load)",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.out).write_text(text)
+    ok = med <= STARTUP_TARGET_MS and max(rate, wrate) >= RUNS_TARGET and fails + wfails == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""env_check: run the oracle and the null agent over every task of a pool.
+
+A sound pool has oracle resolved rate ~1 (the reference fix, applied through the tools, passes the
+tests in the sandbox) and null resolved rate 0 (doing nothing never passes). Writes
+WORKDIR/env_check.json with num_tasks, kinds, versions, oracle_resolved_rate, null_resolved_rate,
+the mean reward components of each agent and the ids of tasks the oracle failed; per-task lines go
+to metrics.jsonl and transcripts of failures to WORKDIR/transcripts/.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import json
+import pathlib
+import time
+
+from tqdm import tqdm
+
+from composer_jax.env.agents import OracleAgent, null_agent
+from composer_jax.env.config import EnvConfig
+from composer_jax.env.episode import run_episode
+from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
+from composer_jax.runlog import MetricsWriter
+
+
+def _mean(rows: list[dict]) -> dict:
+    keys = rows[0].keys() if rows else []
+    return {k: sum(r[k] for r in rows) / len(rows) for k in keys}
+
+
+def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
+               progress: bool = True, limit: int | None = None) -> dict:
+    """Runs both agents on every task (or the first `limit`); writes and returns the summary."""
+    pool = TaskPool(pool_dir)
+    tasks = pool.tasks()[:limit] if limit else pool.tasks()
+    if not tasks:
+        raise FileNotFoundError(f"no tasks in pool {pool_dir}; run env_generate first")
+    metrics = MetricsWriter(workdir, tensorboard=False)
+    start = time.monotonic()
+
+    def one(task):
+        d = pool.task_dir(task.task_id)
+        oracle = run_episode(OracleAgent(task, d), task, d, cfg)
+        null = run_episode(null_agent, task, d, cfg)
+        return task, oracle, null
+
+    oracle_rewards, null_rewards, failed = [], [], []
+    resolved = collections.Counter()
+    with cf.ThreadPoolExecutor(cfg.workers) as ex:
+        futs = [ex.submit(one, t) for t in tasks]
+        for step, fut in enumerate(tqdm(cf.as_completed(futs), total=len(futs), desc="env_check",
+                                        disable=not progress)):
+            task, oracle, null = fut.result()
+            resolved["oracle"] += oracle.grade.resolved
+            resolved["null"] += null.grade.resolved
+            oracle_rewards.append(oracle.reward.as_dict())
+            null_rewards.append(null.reward.as_dict())
+            if not oracle.grade.resolved:
+                failed.append(task.task_id)
+                oracle.save_jsonl(pathlib.Path(workdir) / "transcripts" / f"{task.task_id}.jsonl")
+            metrics.write(step, {"task_id": task.task_id, "kind": task.kind,
+                                 "oracle_resolved": int(oracle.grade.resolved),
+                                 "null_resolved": int(null.grade.resolved),
+                                 "oracle_reward": oracle.reward.total,
+                                 "null_reward": null.reward.total,
+                                 "oracle_calls": oracle.num_calls,
+                                 "oracle_seconds": oracle.duration_s})
+    n = len(tasks)
+    summary = {
+        "num_tasks": n,
+        "kinds": dict(sorted(collections.Counter(t.kind for t in tasks).items())),
+        "versions": dict(sorted(collections.Counter(t.python_version for t in tasks).items())),
+        "oracle_resolved_rate": resolved["oracle"] / n,
+        "null_resolved_rate": resolved["null"] / n,
+        "oracle_reward": _mean(oracle_rewards),
+        "null_reward": _mean(null_rewards),
+        "oracle_failed": sorted(failed),
+        "seconds": time.monotonic() - start,
+    }
+    metrics.write(n, {"oracle_resolved_rate": summary["oracle_resolved_rate"],
+                      "null_resolved_rate": summary["null_resolved_rate"], "num_tasks": n})
+    metrics.close()
+    atomic_write_text(pathlib.Path(workdir) / "env_check.json", json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,315 @@
+"""Sandboxed command execution over one workspace directory, without Docker.
+
+Backend "bwrap" (bubblewrap): every command runs in fresh namespaces (pid, net, ipc, uts, cgroup),
+with the host system mounted read-only (/usr, the CPython installs, our helper scripts), a private
+/tmp of bounded size, a fresh /proc, minimal /dev, and only the workspace writable at /workspace.
+The new network namespace has no interface but its own loopback, so nothing on the host
+(127.0.0.1 included) or beyond is reachable. Killing the sandbox's outer process kills its pid
+namespace (--die-with-parent), so nothing outlives a command or an episode.
+
+When we run as root, bubblewrap runs privileged and the command drops to a dedicated unprivileged
+uid/gid (one per workspace) with no capabilities and no_new_privs via `setpriv`; that makes the
+per-uid process limit (RLIMIT_NPROC) real and contains fork bombs. Other limits are rlimits set by
+`ulimit` before the command: address space, file size, open files, no core dumps; wall time and
+output size are enforced from outside (composer_jax.env.procio).
+
+Backend "fallback" (no bubblewrap, e.g. Colab) runs the command directly in a scratch copy with the
+same rlimits and a process group, and warns loudly: it does NOT isolate the filesystem (absolute
+paths reach the host), the network, or processes that leave their session.
+"""
+from __future__ import annotations
+
+import atexit
+import base64
+import dataclasses
+import functools
+import os
+import pathlib
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+from composer_jax.env.config import EnvConfig, SandboxBackend
+from composer_jax.env.procio import ProcResult, close_process, drain, kill_group, run_process
+from composer_jax.errors import ComposerError
+
+ASSETS_DIR = pathlib.Path(__file__).resolve().parent / "assets"
+SANDBOX_WORKSPACE = "/workspace"
+SANDBOX_ASSETS = "/opt/cj"
+FALLBACK_WARNING = (
+    "composer_jax.env: bubblewrap (`bwrap`) is not available; commands run WITHOUT A SANDBOX. "
+    "Only rlimits, a scratch copy of the workspace and process-group kills protect the host: "
+    "absolute paths, the network (127.0.0.1 included) and processes that call setsid are NOT "
+    "contained. Install the Debian package `bubblewrap` for real isolation.")
+
+
+class SandboxError(ComposerError):
+    """The sandbox could not be set up (e.g. bwrap requested but missing)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-command resource limits."""
+    timeout_s: float = 30.0
+    memory_mb: int = 2048
+    max_processes: int = 64
+    max_file_size_mb: int = 64
+    max_open_files: int = 256
+    max_output_bytes: int = 16384
+    tmp_size_mb: int = 256
+
+    @classmethod
+    def from_config(cls, cfg: EnvConfig) -> "Limits":
+        return cls(timeout_s=cfg.command_timeout_s, memory_mb=cfg.memory_limit_mb,
+                   max_processes=cfg.max_processes, max_file_size_mb=cfg.max_file_size_mb,
+                   max_open_files=cfg.max_open_files, max_output_bytes=cfg.max_output_bytes)
+
+    def ulimit_prefix(self) -> str:
+        """Shell line setting soft and hard rlimits (so the command cannot raise them)."""
+        return (f"ulimit -S -H -v {self.memory_mb * 1024} -f {self.max_file_size_mb * 1024} "
+                f"-n {self.max_open_files} -c 0 -u {self.max_processes} || exit 125")
+
+
+@functools.lru_cache(maxsize=1)
+def staged_assets() -> str:
+    """A world-readable copy of the helper scripts (mounted at /opt/cj), removed at exit."""
+    d = tempfile.mkdtemp(prefix="cj-assets-")
+    os.chmod(d, 0o755)
+    for f in ASSETS_DIR.iterdir():
+        if f.is_file():
+            shutil.copy(f, d)
+            os.chmod(os.path.join(d, f.name), 0o644)
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_works() -> bool:
+    """True if `bwrap` exists and can create the namespaces we use on this machine."""
+    exe = shutil.which("bwrap")
+    if not exe:
+        return False
+    try:
+        r = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
+                            "--proc", "/proc", "--dev", "/dev", "true"],
+                           capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def resolve_backend(requested: SandboxBackend) -> SandboxBackend:
+    """AUTO -> BWRAP when it works, else FALLBACK (with the loud warning)."""
+    if requested == SandboxBackend.BWRAP:
+        if not bwrap_works():
+            raise SandboxError("env.sandbox_backend=bwrap but `bwrap` is missing or cannot create "
+                               "namespaces here; install the Debian package `bubblewrap` or use "
+                               "sandbox_backend=auto/fallback")
+        return SandboxBackend.BWRAP
+    if requested == SandboxBackend.AUTO and bwrap_works():
+        return SandboxBackend.BWRAP
+    warnings.warn(FALLBACK_WARNING, RuntimeWarning, stacklevel=2)
+    print("WARNING: " + FALLBACK_WARNING, file=sys.stderr)
+    return SandboxBackend.FALLBACK
+
+
+def allocate_uid() -> int | None:
+    """A fresh unprivileged uid for one workspace when running as root, else None (keep ours)."""
+    if os.geteuid() != 0:
+        return None
+    return 200000 + secrets.randbelow(1_000_000)
+
+
+def _system_binds() -> list[str]:
+    """Read-only binds of the host system: /usr (and the usual /bin, /lib symlinks) and a few /etc files."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = pathlib.Path("/" + name)
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            args += ["--ro-bind", str(p), str(p)]
+    args += ["--perms", "0755", "--dir", "/etc"]
+    for f in ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives", "/etc/nsswitch.conf"):
+        if os.path.exists(f):
+            args += ["--ro-bind", f, f]
+    return args
+
+
+class Sandbox:
+    """Runs shell commands over `workspace_dir` (writable) with the given limits.
+
+    `python_prefixes` are CPython install prefixes mounted read-only at their own paths; the first
+    one's `bin` leads PATH (so `python` is the task's interpreter). Background jobs started with
+    `spawn` live until `close()`.
+    """
+
+    def __init__(self, workspace_dir: pathlib.Path, *, backend: SandboxBackend, limits: Limits,
+                 python_prefixes: tuple[str, ...] = (), extra_ro_binds: tuple[str, ...] = (),
+                 uid: int | None = None):
+        self.host_dir = pathlib.Path(workspace_dir).resolve()
+        self.backend = backend
+        self.limits = limits
+        self.python_prefixes = tuple(python_prefixes)
+        self.extra_ro_binds = tuple(extra_ro_binds)
+        self.uid = uid
+        self._jobs: list[subprocess.Popen] = []
+        isolated = backend == SandboxBackend.BWRAP
+        self.workdir = SANDBOX_WORKSPACE if isolated else str(self.host_dir)
+        self.assets = SANDBOX_ASSETS if isolated else staged_assets()
+        self._home = self.host_dir.parent / (self.host_dir.name + ".home")
+        if not isolated:
+            self._home.mkdir(exist_ok=True)
+            if uid is not None:
+                os.chown(self._home, uid, uid)
+
+    # -- argv ---------------------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """The environment commands see (nothing inherited from the host)."""
+        bins = [p + "/bin" for p in self.python_prefixes[:1]]
+        home = "/tmp" if self.backend == SandboxBackend.BWRAP else str(self._home)
+        return {"PATH": ":".join(bins + ["/usr/local/bin", "/usr/bin", "/bin"]), "HOME": home,
+                "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb",
+                "PAGER": "cat", "GIT_PAGER": "cat", "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
+
+    def _bwrap_prefix(self) -> list[str]:
+        args = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+                "--hostname", "sandbox"]
+        if os.geteuid() != 0:
+            args.insert(1, "--unshare-user")
+        args += _system_binds()
+        made: set[str] = set()
+        for prefix in self.python_prefixes + self.extra_ro_binds:
+            for parent in reversed(pathlib.PurePosixPath(prefix).parents):
+                if str(parent) not in made and str(parent) not in ("/", "/usr"):
+                    made.add(str(parent))  # bwrap would create missing parents with mode 0700
+                    args += ["--perms", "0755", "--dir", str(parent)]
+            args += ["--ro-bind", prefix, prefix]
+        args += ["--perms", "0755", "--dir", "/opt", "--ro-bind", staged_assets(), SANDBOX_ASSETS,
+                 "--bind", str(self.host_dir), SANDBOX_WORKSPACE,
+                 "--perms", "1777", "--size", str(self.limits.tmp_size_mb << 20), "--tmpfs", "/tmp",
+                 "--proc", "/proc", "--dev", "/dev", "--chdir", SANDBOX_WORKSPACE, "--"]
+        return args
+
+    def _drop_privileges(self) -> list[str]:
+        if self.uid is None:
+            return []
+        return ["/usr/bin/setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+
+    def argv(self, script: str) -> list[str]:
+        """The argv running bash `script` (after the ulimit line and a cd) in the sandbox."""
+        full = f"{self.limits.ulimit_prefix()}\ncd {self.workdir} || exit 125\n{script}"
+        tail = self._drop_privileges() + ["/bin/bash", "--noprofile", "--norc", "-c", full]
+        if self.backend == SandboxBackend.BWRAP:
+            return self._bwrap_prefix() + tail
+        return tail
+
+    # -- running --------------------------------------------------------------------------------
+    def run(self, command: str, *, timeout_s: float | None = None,
+            max_output_bytes: int | None = None) -> ProcResult:
+        """Runs `command` in a fresh sandboxed bash; every process it started dies with it."""
+        return run_process(self.argv(command), env=self.env(),
+                           timeout_s=timeout_s or self.limits.timeout_s,
+                           max_output_bytes=max_output_bytes or self.limits.max_output_bytes,
+                           cwd=str(self.host_dir))
+
+    def spawn(self, command: str) -> int:
+        """Starts `command` in the background (output discarded); returns its job number."""
+        proc = subprocess.Popen(self.argv(command), env=self.env(), cwd=str(self.host_dir),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        self._jobs.append(proc)
+        return len(self._jobs)
+
+    def close(self) -> None:
+        """Kills every background job (and, via their pid namespaces, all their processes)."""
+        for proc in self._jobs:
+            kill_group(proc)
+            proc.wait()
+        self._jobs.clear()
+        if self.backend != SandboxBackend.BWRAP and self.uid is not None:
+            # The dedicated uid owns nothing else on the host: kill whatever it left behind.
+            subprocess.run(["pkill", "-KILL", "-U", str(self.uid)], check=False,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self._home.exists():
+            shutil.rmtree(self._home, ignore_errors=True)
+
+
+class PersistentShell:
+    """One long-lived sandboxed bash per episode: cwd and variables persist between commands.
+
+    Each command runs in the shell itself; afterwards every other process in the sandbox is killed
+    (`kill -9 -1` inside the pid namespace or dedicated uid), so nothing outlives a command. A
+    timeout, an output flood or an `exit` kills the shell; the next command starts a new one and
+    says so.
+    """
+
+    def __init__(self, sandbox: Sandbox):
+        self.sandbox = sandbox
+        self._proc: subprocess.Popen | None = None
+        self._restarted_note = ""
+        self._can_kill_all = sandbox.backend == SandboxBackend.BWRAP or sandbox.uid is not None
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen(self.sandbox.argv("exec /bin/bash --noprofile --norc"),
+                                env=self.sandbox.env(), cwd=str(self.sandbox.host_dir),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+
+    def run(self, command: str, *, timeout_s: float | None = None) -> ProcResult:
+        """Runs `command` in the persistent shell; the result is shaped like Sandbox.run's."""
+        limits = self.sandbox.limits
+        timeout_s = timeout_s or limits.timeout_s
+        note = self._restarted_note
+        self._restarted_note = ""
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = self._start()
+        nonce = secrets.token_hex(8)
+        marker = f"__CJ_DONE_{nonce}_"
+        b64 = base64.b64encode(command.encode()).decode()
+        kill_rest = "{ kill -9 -1; wait; } 2>/dev/null; " if self._can_kill_all else ""
+        line = (f"__cj_c=$(printf %s '{b64}' | base64 -d); eval \"$__cj_c\" </dev/null 2>&1; "
+                f"__cj_rc=$?; {kill_rest}printf '\\n{marker}%s\\n' \"$__cj_rc\"\n")
+        start = time.monotonic()
+        try:
+            self._proc.stdin.write(line.encode())
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+        kept, total, why, tail = drain(self._proc.stdout.fileno(), start + timeout_s,
+                                       limits.max_output_bytes,
+                                       kill_after_bytes=max(8 * limits.max_output_bytes, 1 << 20),
+                                       stop_marker=marker.encode())
+        cut = kept.find(("\n" + marker).encode())
+        if cut >= 0:
+            kept = kept[:cut]
+        code = 0
+        if why == "marker":
+            try:
+                code = int(tail.decode().strip()[len(marker):])
+            except ValueError:
+                code = -1
+        else:
+            self.close()
+            code = -9 if why != "eof" else 1
+            self._restarted_note = ("[the shell was restarted: working directory and variables "
+                                    "were reset]\n")
+        text = note + kept.decode("utf-8", errors="replace")
+        if why == "eof":
+            text += "\n[the shell exited]"
+        return ProcResult(exit_code=code, output=text, timed_out=why == "timeout",
+                          truncated=len(kept) >= limits.max_output_bytes, output_bytes=total,
+                          killed_for_output=why == "overflow", duration_s=time.monotonic() - start)
+
+    def close(self) -> None:
+        """Kills the shell and everything in its sandbox."""
+        if self._proc is not None:
+            close_process(self._proc)
+            self._proc = None

@@ -1,0 +1,153 @@
+"""Candidate tasks of each kind, built from a module source and its baseline (not yet validated).
+
+A `Candidate` carries before/after file contents, the tests that pass on the after files, and a
+function that writes the problem statement once validation knows the failing tests.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import hashlib
+import pathlib
+import random
+from typing import Callable
+
+from composer_jax.env.tasks import mutate, statements
+from composer_jax.env.tasks.sources import ModuleSource
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """The test outcomes of an unmodified module: `passing` test ids, run time, why unusable."""
+    source: ModuleSource
+    passing: frozenset
+    duration_s: float
+    usable: bool
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    cid: str
+    kind: str
+    python_version: str
+    module: str
+    before: dict
+    after: dict
+    after_passing: frozenset
+    statement: Callable[[tuple, dict], str]
+    source_version: str
+    test_version: str
+    mutations: tuple = ()
+
+
+def _files(src: ModuleSource, module_text: str) -> dict[str, str]:
+    return {f"{src.module}.py": module_text,
+            f"{src.test_module}.py": pathlib.Path(src.test_path).read_text(encoding="utf-8")}
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha1("\x00".join(parts).encode()).hexdigest()[:10]
+
+
+def _make(kind: str, cid_tail: str, base: Baseline, before_text: str, after_text: str,
+          statement, mutations: tuple, source_version: str | None = None) -> Candidate:
+    """A candidate over `base`'s module: `before_text` is what the agent gets, `after_text` the fix.
+
+    `statement(module, test_file, f2p, messages)` writes the problem statement."""
+    src = base.source
+    test_file = f"{src.test_module}.py"
+    return Candidate(
+        cid=f"{kind}-{cid_tail}-{src.module}" if kind == "migration" else
+        f"{kind}-{src.version}-{src.module}-{cid_tail}",
+        kind=kind, python_version=src.version, module=src.module,
+        before=_files(src, before_text), after=_files(src, after_text),
+        after_passing=base.passing, source_version=source_version or src.version,
+        test_version=src.version,
+        statement=lambda f2p, msgs: statement(src.module, test_file, f2p, msgs),
+        mutations=mutations)
+
+
+def bug_candidates(base: Baseline, rng: random.Random):
+    """Yields single-mutation candidates in random order (lazily syntax-checked)."""
+    src = base.source
+    text = pathlib.Path(src.module_path).read_text(encoding="utf-8")
+    sites = mutate.enumerate_mutations(text)
+    rng.shuffle(sites)
+    for m in sites:
+        if not mutate.is_valid(text, [m]):
+            continue
+        yield _make("bug", _digest(m.key), base, mutate.apply(text, [m]), text,
+                    statements.bug_statement, (m.describe(),)), m
+
+
+def multi_bug_candidate(base: Baseline, accepted: list, rng: random.Random) -> Candidate | None:
+    """Combines 2-3 accepted single mutations in different functions of one module."""
+    src = base.source
+    text = pathlib.Path(src.module_path).read_text(encoding="utf-8")
+    pool = list(accepted)
+    rng.shuffle(pool)
+    chosen = []
+    for m in pool:
+        if all(m.function != c.function and not mutate.overlaps(m, c) for c in chosen):
+            chosen.append(m)
+        if len(chosen) == 3:
+            break
+    if len(chosen) < 2 or not mutate.is_valid(text, chosen):
+        return None
+    return _make("multi_bug", _digest(*sorted(c.key for c in chosen)), base,
+                 mutate.apply(text, chosen), text, statements.multi_bug_statement,
+                 tuple(c.describe() for c in chosen))
+
+
+def _feature_sites(text: str):
+    """(qualname, docstring, first body line, last line, indent) of removable function bodies."""
+    tree = ast.parse(text)
+    for qual, fn in mutate._functions(tree):
+        body = list(fn.body)
+        doc = ast.get_docstring(fn)
+        if doc is not None:
+            body = body[1:]
+        if not body or body[0].lineno <= fn.lineno or qual.split(".")[-1].startswith("__") and \
+                qual.split(".")[-1] != "__init__":
+            continue
+        first, last = body[0].lineno, fn.end_lineno
+        if not 3 <= last - first + 1 <= 40:
+            continue
+        yield qual, doc or "", first, last, body[0].col_offset
+
+
+def feature_candidates(base: Baseline, rng: random.Random):
+    src = base.source
+    text = pathlib.Path(src.module_path).read_text(encoding="utf-8")
+    lines = text.splitlines(True)
+    sites = list(_feature_sites(text))
+    rng.shuffle(sites)
+    for qual, doc, first, last, indent in sites:
+        new = "".join(lines[:first - 1]) + " " * indent + "raise NotImplementedError\n" + \
+            "".join(lines[last:])
+        try:
+            ast.parse(new)
+        except SyntaxError:
+            continue
+        yield _make("feature", _digest(qual), base, new, text,
+                    lambda mod, tf, f2p, msgs, q=qual, d=doc: statements.feature_statement(mod, q, d, tf),
+                    (f"feature_deletion of {qual} (lines {first}-{last})",))
+
+
+def migration_candidate(old: ModuleSource, new_base: Baseline, max_lines: int) -> Candidate | None:
+    """Module from the older version, tests (and interpreter) from the newer one."""
+    new = new_base.source
+    old_text = pathlib.Path(old.module_path).read_text(encoding="utf-8")
+    new_text = pathlib.Path(new.module_path).read_text(encoding="utf-8")
+    if old_text == new_text:
+        return None
+    changed = sum(1 for ln in difflib.unified_diff(old_text.splitlines(), new_text.splitlines(), n=0)
+                  if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
+    if changed > max_lines:
+        return None
+    return _make("migration", f"{old.version}to{new.version}", new_base, old_text, new_text,
+                 lambda mod, tf, f2p, msgs: statements.migration_statement(mod, old.version,
+                                                                           new.version, tf, f2p),
+                 (f"migration {old.version} -> {new.version}",), source_version=old.version)

@@ -1,0 +1,293 @@
+"""Offline task generation: module sources -> baselines -> candidates -> validated tasks in a pool.
+
+Modules are taken in batches (smallest test files first, so test runs stay short); each batch is
+baselined in the sandbox (the unmodified module's tests; modules whose test file is slow, does not
+import the workspace copy, or has too few addressable passing tests are dropped). Candidates of the
+configured kinds are then interleaved across modules and validated in parallel (`validate.py`)
+until `num_tasks` tasks are in the pool or the batch runs dry, in which case the next batch is
+baselined. Every processed candidate is logged, so a rerun resumes where it stopped.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+import itertools
+import json
+import pathlib
+import random
+import re
+import threading
+import time
+
+from tqdm import tqdm
+
+from composer_jax.env.config import EnvConfig
+from composer_jax.env.pythons import find_pythons, get_python
+from composer_jax.env.sandbox import resolve_backend
+from composer_jax.env.tasks import candidates as cands
+from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
+from composer_jax.env.tasks.sources import ModuleSource, discover
+from composer_jax.env.tasks.task import Task, unified_patch
+from composer_jax.env.tasks.validate import addressable, check_candidate, scratch
+
+MIN_PASSING = 5
+BATCH_PER_VERSION = 12
+
+
+def baseline(sx, src: ModuleSource, cfg: EnvConfig) -> cands.Baseline:
+    """Runs the unmodified module's test file once; decides whether the module is usable."""
+    files = cands._files(src, pathlib.Path(src.module_path).read_text(encoding="utf-8"))
+    sx.write(files)
+    run = sx.run([src.test_module], modules=(src.module,))
+    where = run.modules.get(src.module) or ""
+    passing = frozenset(t for t, s in run.results.items()
+                        if s == "pass" and addressable(t, src.test_module))
+    reason = ""
+    if not run.ok:
+        reason = "baseline run failed: " + run.detail[-120:]
+    elif not where.endswith(f"/{src.module}.py") or not where.startswith(sx.sandbox.workdir):
+        reason = f"module imported from {where!r}, not the workspace"
+    elif run.duration_s > cfg.max_test_file_seconds:
+        reason = f"tests too slow ({run.duration_s:.2f}s)"
+    elif len(passing) < MIN_PASSING:
+        reason = f"only {len(passing)} addressable passing tests"
+    return cands.Baseline(src, passing, run.duration_s, not reason, reason)
+
+
+class _Workers:
+    """Thread-local sandbox scratch dirs, one per (thread, python version)."""
+
+    def __init__(self, cfg: EnvConfig, backend):
+        self.cfg, self.backend = cfg, backend
+        self._local = threading.local()
+        self._all = []
+        self._lock = threading.Lock()
+
+    def scratch(self, version: str):
+        d = self._local.__dict__.setdefault("sx", {})
+        if version not in d:
+            cm = scratch(get_python(version), self.backend, self.cfg)
+            d[version] = cm.__enter__()
+            with self._lock:
+                self._all.append(cm)
+        return d[version]
+
+    def close(self):
+        for cm in self._all:
+            cm.__exit__(None, None, None)
+
+
+def _load_baselines(pool: TaskPool, version: str) -> dict:
+    p = pool.root / "baselines" / f"{version}.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _save_baselines(pool: TaskPool, version: str, data: dict) -> None:
+    atomic_write_text(pool.root / "baselines" / f"{version}.json", json.dumps(data, indent=0))
+
+
+class Generator:
+    """One generation run over a pool directory (see the module docstring)."""
+
+    def __init__(self, cfg: EnvConfig, pool_dir: pathlib.Path, progress: bool = True):
+        self.cfg = cfg
+        self.pool = TaskPool(pool_dir)
+        self.backend = resolve_backend(cfg.sandbox_backend)
+        self.rng = random.Random(cfg.task_seed)
+        self.progress = progress
+        self.versions = sorted(cfg.python_versions, key=lambda v: tuple(map(int, v.split("."))))
+        self.todo = {}
+        for v in self.versions:
+            srcs = discover(get_python(v), cfg.split, cfg.max_module_lines)
+            self.todo[v] = sorted(srcs, key=lambda s: (pathlib.Path(s.test_path).stat().st_size, s.module))
+        self.baselines: dict[tuple[str, str], cands.Baseline] = {}
+        self.per_module = collections.Counter((t.python_version, t.module) for t in self.pool.tasks())
+        self.accepted_mutations = collections.defaultdict(list)
+        self.attempts = collections.Counter()
+        self.streams: dict = {}
+        self.stats = collections.Counter()
+        self.workers = _Workers(cfg, self.backend)
+
+    # -- baselines ------------------------------------------------------------------------------
+    def _baseline_batch(self, ex: cf.Executor) -> int:
+        """Baselines the next batch of modules of every version; returns how many were added."""
+        jobs = {}
+        for v in self.versions:
+            cache = _load_baselines(self.pool, v)
+            batch, self.todo[v] = self.todo[v][:BATCH_PER_VERSION], self.todo[v][BATCH_PER_VERSION:]
+            for src in batch:
+                if src.module in cache:
+                    c = cache[src.module]
+                    self.baselines[(v, src.module)] = cands.Baseline(
+                        src, frozenset(c["passing"]), c["duration_s"], c["usable"], c["reason"])
+                else:
+                    jobs[ex.submit(lambda s=src: baseline(self.workers.scratch(s.version), s, self.cfg))] = src
+        for fut in cf.as_completed(jobs):
+            b = fut.result()
+            self.baselines[(b.source.version, b.source.module)] = b
+        for v in self.versions:
+            cache = _load_baselines(self.pool, v)
+            for (ver, mod), b in self.baselines.items():
+                if ver == v:
+                    cache[mod] = {"passing": sorted(b.passing), "duration_s": b.duration_s,
+                                  "usable": b.usable, "reason": b.reason}
+            _save_baselines(self.pool, v, cache)
+        return len(jobs)
+
+    # -- candidates -----------------------------------------------------------------------------
+    def _module_streams(self, key):
+        if key not in self.streams:
+            b = self.baselines[key]
+            rng = random.Random(f"{self.cfg.task_seed}-{key}")
+            self.streams[key] = {"bug": cands.bug_candidates(b, rng),
+                                 "feature": cands.feature_candidates(b, rng), "rng": rng}
+        return self.streams[key]
+
+    def _candidates(self):
+        """Interleaves kinds across usable modules; ends when every stream is exhausted."""
+        kinds = [k for k in ("bug", "feature", "bug", "multi_bug", "migration", "bug", "feature")
+                 if k in self.cfg.kinds]
+        quota = self.cfg.max_tasks_per_module
+        migrations = self._migration_candidates() if "migration" in self.cfg.kinds else iter(())
+        active = True
+        while active:
+            active = False
+            keys = [k for k, b in self.baselines.items() if b.usable]
+            self.rng.shuffle(keys)
+            for key in keys:
+                if self.per_module[key] >= quota:
+                    continue
+                turn = self.attempts[(key, "turn")]
+                self.attempts[(key, "turn")] += 1
+                for kind in kinds[turn % len(kinds):] + kinds[:turn % len(kinds)]:
+                    c = self._next(kind, key, migrations)
+                    if c is not None:
+                        active = True
+                        yield c
+                        break
+
+    def _next(self, kind, key, migrations):
+        limit = 4 * self.cfg.max_tasks_per_module
+        if kind == "migration":
+            return next(migrations, None)
+        if self.attempts[(key, kind)] >= limit:
+            return None
+        s = self._module_streams(key)
+        if kind == "multi_bug":
+            acc = self.accepted_mutations[key]
+            if len(acc) < 2:
+                return None
+            self.attempts[(key, kind)] += 1
+            c = cands.multi_bug_candidate(self.baselines[key], acc, s["rng"])
+            return c if c is not None and not self.pool.processed(c.cid) else None
+        for item in s[kind]:
+            c = item[0] if isinstance(item, tuple) else item
+            if self.pool.processed(c.cid):
+                continue
+            self.attempts[(key, kind)] += 1
+            return item
+        return None
+
+    def _migration_candidates(self):
+        """Module from an older installed CPython (nearest versions first), tests from a newer one."""
+        vkey = lambda v: tuple(map(int, v.split(".")))  # noqa: E731
+        installed = sorted((v for v in find_pythons() if vkey(v) >= (3, 8)), key=vkey)
+        pairs = [(o, n) for n in self.versions for o in installed if vkey(o) < vkey(n)]
+        pairs.sort(key=lambda p: (installed.index(p[1]) - installed.index(p[0]), vkey(p[1])))
+        seen = set()
+        for old_v, new_v in pairs:
+            olds = {s.module: s for s in discover(get_python(old_v), self.cfg.split,
+                                                   self.cfg.max_module_lines)}
+            for (ver, mod), b in sorted(self.baselines.items()):
+                if ver != new_v or not b.usable or mod not in olds:
+                    continue
+                text = pathlib.Path(olds[mod].module_path).read_bytes()
+                if (new_v, mod, text) in seen:
+                    continue  # the same old text as a nearer version: same task
+                seen.add((new_v, mod, text))
+                c = cands.migration_candidate(olds[mod], b, self.cfg.max_migration_lines)
+                if c is not None and not self.pool.processed(c.cid):
+                    yield c
+
+    # -- validation -----------------------------------------------------------------------------
+    def _validate(self, c: cands.Candidate):
+        sx = self.workers.scratch(c.python_version)
+        return check_candidate(sx, f"test_{c.module}", c.before, c.after, c.after_passing, self.cfg)
+
+    def _accept(self, c: cands.Candidate, verdict) -> None:
+        edit = tuple(sorted(r for r in c.after if c.after[r] != c.before.get(r)))
+        patch, changed = unified_patch({r: c.before[r] for r in edit}, {r: c.after[r] for r in edit})
+        task = Task(task_id=c.cid, kind=c.kind, split=self.cfg.split.value,
+                    python_version=c.python_version, module=c.module,
+                    problem_statement=c.statement(verdict.fail_to_pass, verdict.messages),
+                    fail_to_pass=verdict.fail_to_pass, pass_to_pass=verdict.pass_to_pass,
+                    edit_files=edit, test_files=(f"test_{c.module}.py",), reference_patch=patch,
+                    lines_changed=changed, source_version=c.source_version,
+                    test_version=c.test_version, mutations=c.mutations)
+        self.pool.add(task, c.before, {r: c.after[r] for r in edit})
+
+    def _finish(self, c: cands.Candidate, m, verdict, target: int, bar) -> None:
+        """Adds an accepted candidate to the pool (within quotas) and logs the outcome."""
+        key = (c.python_version, c.module)
+        self.stats["candidates"] += 1
+        added = (verdict.accepted and len(self.pool) < target
+                 and self.per_module[key] < self.cfg.max_tasks_per_module)
+        if added:
+            self._accept(c, verdict)
+            self.per_module[key] += 1
+            if m is not None:
+                self.accepted_mutations[key].append(m)
+            self.stats["accepted"] += 1
+            bar.update(1)
+        else:
+            why = "over quota" if verdict.accepted else verdict.reason
+            self.stats["rejected: " + re.sub(r"\d+", "N", why.split(":")[0])] += 1
+        self.pool.record(c.cid, added, "ok" if added else verdict.reason)
+        bar.set_postfix(tried=self.stats["candidates"], refresh=False)
+
+    def _validate_stream(self, ex: cf.Executor, target: int, bar) -> None:
+        """Validates candidates of the current modules in parallel until the target or dry."""
+        stream = self._candidates()
+        inflight = {}
+        while len(self.pool) < target:
+            while len(inflight) < 2 * self.cfg.workers:
+                item = next(stream, None)
+                if item is None:
+                    break
+                c, m = item if isinstance(item, tuple) else (item, None)
+                inflight[ex.submit(self._validate, c)] = (c, m)
+            if not inflight:
+                return
+            done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                c, m = inflight.pop(fut)
+                self._finish(c, m, fut.result(), target, bar)
+        for fut in inflight:  # unfinished work is simply redone by a later (resumed) run
+            fut.cancel()
+
+    def run(self) -> dict:
+        """Generates until the pool holds `num_tasks` tasks (or sources run out); returns stats."""
+        start = time.monotonic()
+        target = self.cfg.num_tasks
+        bar = tqdm(total=target, initial=min(len(self.pool), target), desc="env tasks",
+                   disable=not self.progress, unit="task")
+        try:
+            with cf.ThreadPoolExecutor(self.cfg.workers) as ex:
+                while len(self.pool) < target and any(self.todo.values()):
+                    self._baseline_batch(ex)
+                    self._validate_stream(ex, target, bar)
+        finally:
+            bar.close()
+            self.workers.close()
+        manifest = self.pool.write_manifest()
+        usable = sum(b.usable for b in self.baselines.values())
+        return {"num_tasks": manifest["num_tasks"], "kinds": manifest["kinds"],
+                "versions": manifest["versions"], "seconds": time.monotonic() - start,
+                "modules_baselined": len(self.baselines), "modules_usable": usable,
+                "stats": dict(self.stats)}
+
+
+def generate_pool(cfg: EnvConfig, pool_dir: pathlib.Path, progress: bool = True) -> dict:
+    """Builds (or resumes) the task pool in `pool_dir`; returns a summary dict."""
+    return Generator(cfg, pathlib.Path(pool_dir), progress).run()

@@ -1,0 +1,40 @@
+"""Terse problem statements, like a real request to a coding assistant."""
+from __future__ import annotations
+
+
+def _tests(ids, limit: int = 3) -> str:
+    shown = ", ".join(f"`{t}`" for t in ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def _symptom(messages: dict, ids) -> str:
+    for t in ids:
+        msg = (messages.get(t) or "").strip().splitlines()
+        if msg:
+            text = msg[0][:160].rstrip()
+            return f" First failure: {text}{'' if text.endswith(('.', '!', '?')) else '.'}"
+    return ""
+
+
+def bug_statement(module: str, test_file: str, f2p, messages: dict) -> str:
+    return (f"Tests in {test_file} are failing: {_tests(f2p)}.{_symptom(messages, f2p)} "
+            f"Something in {module}.py is broken; please find the bug and fix it without changing "
+            f"the tests.")
+
+
+def multi_bug_statement(module: str, test_file: str, f2p, messages: dict) -> str:
+    return (f"Several tests in {test_file} fail ({_tests(f2p)}).{_symptom(messages, f2p)} "
+            f"There may be more than one bug in {module}.py. Fix them; don't touch the tests.")
+
+
+def feature_statement(module: str, qualname: str, doc: str, test_file: str) -> str:
+    first = (doc or "").strip().splitlines()
+    hint = f' Its docstring says: "{first[0][:160]}"' if first else ""
+    return (f"`{qualname}` in {module}.py is not implemented (it raises NotImplementedError).{hint} "
+            f"Implement it so that the tests in {test_file} pass.")
+
+
+def migration_statement(module: str, old: str, new: str, test_file: str, f2p) -> str:
+    return (f"{module}.py here is the Python {old} version, but {test_file} comes from Python {new} "
+            f"and fails: {_tests(f2p)}. Update {module}.py so the new tests pass (run them with "
+            f"`python -m unittest {test_file[:-3]}`).")

@@ -1,0 +1,117 @@
+"""Running unittest ids in a sandbox with a task's interpreter, and reading back per-test outcomes.
+
+`run_tests` starts a fresh sandbox and interpreter per run (used for grading episodes);
+`TestServer` keeps one warm, sandboxed fork server per scratch directory (used for generation).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import subprocess
+import time
+
+from composer_jax.env.procio import close_process, drain
+from composer_jax.env.sandbox import Sandbox
+
+MARKER = "@@CJ_RESULTS@@"
+RUNNER = "unittest_runner.py"
+RESULT_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class TestRun:
+    """Outcome of one run: `results` maps test id -> pass/fail/error/skip; `ok` is False when the
+    runner itself did not report (crash, timeout), in which case every requested id counts as
+    failed; `modules` maps module name -> file it was imported from; `duration_s` is the wall time
+    seen from the host, `test_seconds` the time spent running tests inside the interpreter."""
+    ok: bool
+    results: dict
+    messages: dict
+    modules: dict
+    duration_s: float
+    detail: str = ""
+    test_seconds: float = 0.0
+
+    def passed(self, test_id: str) -> bool:
+        return self.results.get(test_id) == "pass"
+
+
+def runner_command(python_exe: str, assets_dir: str, names, modules=()) -> str:
+    """The shell command running `names` through the runner with `python_exe -S`."""
+    args = [python_exe, "-S", f"{assets_dir}/{RUNNER}"]
+    for m in modules:
+        args += ["--module", m]
+    return " ".join(shlex.quote(a) for a in args + list(names))
+
+
+def parse_output(text: str, duration_s: float) -> TestRun:
+    """Reads the runner's last marker line; a missing line yields ok=False with the tail as detail."""
+    idx = text.rfind(MARKER)
+    if idx < 0:
+        return TestRun(False, {}, {}, {}, duration_s, detail=text[-2000:])
+    line = text[idx + len(MARKER):].split("\n", 1)[0]
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        return TestRun(False, {}, {}, {}, duration_s, detail="unparsable runner output")
+    if "error" in data:
+        return TestRun(False, {}, {}, {}, duration_s, detail=str(data["error"]))
+    return TestRun(True, data.get("results", {}), data.get("messages", {}), data.get("modules", {}),
+                   duration_s, test_seconds=float(data.get("duration", 0.0)))
+
+
+def run_tests(sandbox: Sandbox, python_exe: str, names, *, modules=(),
+              timeout_s: float = 60.0) -> TestRun:
+    """Runs test `names` (module, class or test ids) inside `sandbox`'s workspace."""
+    cmd = runner_command(python_exe, sandbox.assets, names, modules)
+    r = sandbox.run(cmd, timeout_s=timeout_s, max_output_bytes=RESULT_BYTES)
+    run = parse_output(r.output, r.duration_s)
+    if r.timed_out:
+        return dataclasses.replace(run, ok=False, detail=f"timed out after {timeout_s:g}s")
+    return run
+
+
+class TestServer:
+    """A warm test runner in a long-lived sandbox: each run forks from an interpreter that has
+    already imported unittest and test.support (the runner's `--serve` mode), which saves the
+    sandbox and interpreter start-up per run. A run that times out kills the whole sandbox; the
+    next run starts a fresh one."""
+
+    def __init__(self, sandbox: Sandbox, python_exe: str):
+        self.sandbox = sandbox
+        self.python_exe = python_exe
+        self._proc = None
+
+    def _start(self):
+        cmd = f"exec {shlex.quote(self.python_exe)} -S {self.sandbox.assets}/{RUNNER} --serve"
+        return subprocess.Popen(self.sandbox.argv(cmd), env=self.sandbox.env(),
+                                cwd=str(self.sandbox.host_dir), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+
+    def run(self, names, *, modules=(), timeout_s: float = 60.0) -> TestRun:
+        if self._proc is None or self._proc.poll() is not None:
+            self.close()
+            self._proc = self._start()
+        start = time.monotonic()
+        req = json.dumps({"names": list(names), "modules": list(modules)}) + "\n"
+        try:
+            self._proc.stdin.write(req.encode())
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            self.close()
+            return TestRun(False, {}, {}, {}, 0.0, detail="test server died")
+        _, _, why, line = drain(self._proc.stdout.fileno(), start + timeout_s, 1 << 16,
+                                kill_after_bytes=64 << 20, stop_marker=MARKER.encode())
+        duration = time.monotonic() - start
+        if why != "marker":
+            self.close()
+            return TestRun(False, {}, {}, {}, duration,
+                           detail=f"timed out after {timeout_s:g}s" if why == "timeout" else why)
+        return parse_output(line.decode("utf-8", errors="replace"), duration)
+
+    def close(self) -> None:
+        if self._proc is not None:
+            close_process(self._proc)
+            self._proc = None

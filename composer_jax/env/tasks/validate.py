@@ -1,0 +1,120 @@
+"""Sandboxed test runs for task generation: baselines and the fail-before / pass-after check.
+
+A candidate is (before files, after files, the tests that pass on the after files). It becomes a
+task only if, in the sandbox:
+  1. a full run of the test module on `before` shows FAIL_TO_PASS (tests passing after, not before)
+     non-empty and at most `max_fail_to_pass`;
+  2. a targeted run of FAIL_TO_PASS + PASS_TO_PASS on `before` again fails exactly FAIL_TO_PASS;
+  3. two targeted runs on `after` pass all of them, each within `max_task_test_seconds` of test
+     time (cheap grading keeps RL rollouts fast).
+So failing tests fail twice before and pass twice after; any disagreement (flakiness) rejects.
+PASS_TO_PASS = after-passing tests that also pass before, in the test classes FAIL_TO_PASS touches.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pathlib
+import shutil
+import tempfile
+
+from composer_jax.env.config import EnvConfig, SandboxBackend
+from composer_jax.env.pythons import PythonInstall
+from composer_jax.env.sandbox import Limits, Sandbox, allocate_uid
+from composer_jax.env.tasks.testrun import TestRun, TestServer, run_tests
+from composer_jax.env.workspace import scratch_parent
+
+
+class Scratch:
+    """A throwaway sandboxed directory to write files into and run tests in."""
+
+    def __init__(self, py: PythonInstall, backend: SandboxBackend, cfg: EnvConfig):
+        self.py = py
+        # Generation runs are short: a candidate whose tests run far longer than the baseline's
+        # (e.g. a mutation that loops forever) is cut off early and rejected.
+        self.timeout = min(cfg.test_timeout_s, 2 * cfg.max_test_file_seconds + 2)
+        self._tmp = pathlib.Path(tempfile.mkdtemp(prefix="cj-gen-", dir=scratch_parent()))
+        os.chmod(self._tmp, 0o711)
+        self.dir = self._tmp / "ws"
+        self.dir.mkdir()
+        self.uid = allocate_uid()
+        if self.uid is not None:
+            os.chown(self.dir, self.uid, self.uid)
+        limits = dataclasses.replace(Limits.from_config(cfg), timeout_s=cfg.test_timeout_s)
+        self.sandbox = Sandbox(self.dir, backend=backend, limits=limits,
+                               python_prefixes=(py.prefix,), uid=self.uid)
+        self.server = TestServer(self.sandbox, py.executable) if cfg.fork_server else None
+
+    def write(self, files: dict[str, str]) -> None:
+        for rel, text in files.items():
+            p = self.dir / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text, encoding="utf-8")
+            if self.uid is not None:
+                os.chown(p, self.uid, self.uid)
+
+    def run(self, names, modules=()) -> TestRun:
+        if self.server is not None:
+            return self.server.run(names, modules=modules, timeout_s=self.timeout)
+        return run_tests(self.sandbox, self.py.executable, names, modules=modules,
+                         timeout_s=self.timeout)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.sandbox.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def scratch(py: PythonInstall, backend: SandboxBackend, cfg: EnvConfig):
+    s = Scratch(py, backend, cfg)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def addressable(test_id: str, test_module: str) -> bool:
+    """Ids we can re-run by name: test_module.Class.method."""
+    parts = test_id.split(".")
+    return len(parts) == 3 and parts[0] == test_module
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    accepted: bool
+    reason: str
+    fail_to_pass: tuple[str, ...] = ()
+    pass_to_pass: tuple[str, ...] = ()
+    messages: dict = dataclasses.field(default_factory=dict)
+
+
+def check_candidate(sx: Scratch, test_module: str, before: dict[str, str], after: dict[str, str],
+                    after_passing: frozenset[str], cfg: EnvConfig) -> Verdict:
+    """Runs the protocol in the module docstring; `sx` is reused (files are overwritten)."""
+    sx.write(before)
+    full = sx.run([test_module])
+    if not full.ok:
+        return Verdict(False, f"before-run crashed: {full.detail[-200:]}")
+    f2p = tuple(sorted(t for t in after_passing if not full.passed(t)))
+    if not f2p:
+        return Verdict(False, "no test fails before the fix")
+    if len(f2p) > cfg.max_fail_to_pass:
+        return Verdict(False, f"{len(f2p)} failing tests > max_fail_to_pass")
+    classes = {t.rsplit(".", 1)[0] for t in f2p}
+    p2p = tuple(sorted(t for t in after_passing if full.passed(t)
+                       and t.rsplit(".", 1)[0] in classes)[:cfg.max_pass_to_pass])
+    ids = list(f2p + p2p)
+    again = sx.run(ids)
+    if not again.ok or any(again.passed(t) for t in f2p) or not all(again.passed(t) for t in p2p):
+        return Verdict(False, "flaky: second before-run disagrees")
+    sx.write(after)
+    for _ in range(2):
+        post = sx.run(ids)
+        if not post.ok or not all(post.passed(t) for t in ids):
+            return Verdict(False, "not all tests pass after the reference fix")
+        if post.test_seconds > cfg.max_task_test_seconds:
+            return Verdict(False, f"task tests too slow: {post.test_seconds:.2f}s")
+    return Verdict(True, "ok", f2p, p2p, {t: full.messages.get(t, "") for t in f2p})

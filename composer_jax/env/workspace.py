@@ -1,0 +1,122 @@
+"""`open_workspace(directory)`: a sandboxed, copy-on-write workspace over a task snapshot.
+
+The snapshot directory is never modified: the workspace is a private scratch copy (on /dev/shm when
+available) that the sandbox mounts writable at /workspace and the host-side tools edit through
+`composer_jax.env.paths`. `call(tool_name, arguments)` runs one tool and returns a `ToolResult`
+(`.output`, `.is_error`); closing the workspace kills every process it started and deletes the copy.
+"""
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Iterator
+
+from composer_jax.env.config import EnvConfig, ShellMode
+from composer_jax.env.pythons import get_python
+from composer_jax.env.sandbox import Limits, PersistentShell, Sandbox, allocate_uid, resolve_backend
+from composer_jax.env.tools import ToolResult, dispatch
+from composer_jax.env.tools.search import iter_files
+
+
+def scratch_parent() -> str | None:
+    """/dev/shm when it is a writable directory (fast, in memory), else the default temp dir."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+class Workspace:
+    """One episode's workspace; use `open_workspace` to get one."""
+
+    def __init__(self, source: pathlib.Path, config: EnvConfig, python_version: str | None):
+        self.source = pathlib.Path(source).resolve()
+        if not self.source.is_dir():
+            raise FileNotFoundError(f"workspace source {source} is not a directory")
+        self.config = config
+        self.python = get_python(python_version or config.python_versions[-1])
+        self._tmp = pathlib.Path(tempfile.mkdtemp(prefix="cj-ws-", dir=scratch_parent()))
+        os.chmod(self._tmp, 0o711)
+        self.root = self._tmp / "ws"
+        shutil.copytree(self.source, self.root, symlinks=True)
+        self.uid = allocate_uid()
+        if self.uid is not None:
+            for p in [self.root, *self.root.rglob("*")]:
+                os.lchown(p, self.uid, self.uid)
+        self.sandbox = Sandbox(self.root, backend=resolve_backend(config.sandbox_backend),
+                               limits=Limits.from_config(config),
+                               python_prefixes=(self.python.prefix,),
+                               extra_ro_binds=config.extra_ro_binds, uid=self.uid)
+        self.shell = PersistentShell(self.sandbox) if config.shell_mode == ShellMode.PERSISTENT else None
+        self.num_calls = 0
+        self.num_invalid_calls = 0
+
+    # -- tools ----------------------------------------------------------------------------------
+    def call(self, tool_name, arguments) -> ToolResult:
+        """Runs one tool call; malformed calls return an error result (never raise)."""
+        result = dispatch(self, tool_name, arguments)
+        self.num_calls += 1
+        self.num_invalid_calls += int(result.is_error)
+        return result
+
+    def run_command(self, command: str, *, timeout_s: float | None = None):
+        """Runs a shell command in the sandbox (persistent shell if configured)."""
+        if self.shell is not None:
+            return self.shell.run(command, timeout_s=timeout_s)
+        return self.sandbox.run(command, timeout_s=timeout_s)
+
+    def give_to_sandbox(self, path: pathlib.Path) -> None:
+        """Makes a file the host tools created editable by sandboxed commands."""
+        if self.uid is not None:
+            os.lchown(path, self.uid, self.uid)
+            for parent in path.parents:
+                if parent == self.root or self.root not in parent.parents:
+                    break
+                os.lchown(parent, self.uid, self.uid)
+
+    # -- inspection -----------------------------------------------------------------------------
+    def changed_files(self) -> list[str]:
+        """Workspace-relative paths added, modified or deleted relative to the snapshot."""
+        def listing(base):
+            return {p.relative_to(base).as_posix(): p for p in iter_files(base)}
+        before, after = listing(self.source), listing(self.root)
+        changed = set(before) ^ set(after)
+        for rel in set(before) & set(after):
+            a, b = before[rel], after[rel]
+            if a.stat().st_size != b.stat().st_size or a.read_bytes() != b.read_bytes():
+                changed.add(rel)
+        return sorted(changed)
+
+    def diff(self) -> str:
+        """Unified diff (snapshot -> workspace) of the changed text files."""
+        out = []
+        for rel in self.changed_files():
+            a, b = self.source / rel, self.root / rel
+            old = a.read_text(errors="replace").splitlines(True) if a.is_file() else []
+            new = b.read_text(errors="replace").splitlines(True) if b.is_file() else []
+            out += difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}")
+        return "".join(out)
+
+    def close(self) -> None:
+        """Kills every process of this workspace and deletes the scratch copy."""
+        if self.shell is not None:
+            self.shell.close()
+        self.sandbox.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def open_workspace(directory, config: EnvConfig | None = None, *,
+                   python_version: str | None = None) -> Iterator[Workspace]:
+    """Context manager: a sandboxed copy-on-write workspace over `directory` (see module doc).
+
+    `python_version` ("3.12") picks the interpreter that `python` means inside; by default the
+    newest of `config.python_versions`.
+    """
+    ws = Workspace(pathlib.Path(directory), config or EnvConfig(), python_version)
+    try:
+        yield ws
+    finally:
+        ws.close()

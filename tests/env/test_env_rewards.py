@@ -1,0 +1,61 @@
+import math
+
+import pytest
+
+from composer_jax.env.config import EnvConfig
+from composer_jax.env.rewards import claims_success, compute_reward, length_penalty
+
+
+def test_length_penalty_values():
+    assert length_penalty(0, 0.01, 2.0) == 0.0
+    # q = 2: C(x) = x / (1 + k x)
+    assert length_penalty(100, 0.01, 2.0) == pytest.approx(50.0)
+    # q = 1 limit: ln(1 + k x) / k, and continuity around it
+    assert length_penalty(100, 0.01, 1.0) == pytest.approx(math.log(2) / 0.01)
+    assert length_penalty(100, 0.01, 1.0 + 1e-6) == pytest.approx(length_penalty(100, 0.01, 1.0), rel=1e-4)
+    # q = 0: linear
+    assert length_penalty(100, 0.01, 0.0) == pytest.approx(100.0)
+    # concave and increasing
+    xs = [0, 10, 20, 30]
+    c = [length_penalty(x, 0.05, 1.5) for x in xs]
+    assert c[1] - c[0] > c[2] - c[1] > c[3] - c[2] > 0
+
+
+def _reward(cfg, **kw):
+    base = dict(resolved=False, f2p_fraction=0.0, num_calls=3, num_invalid_calls=0, num_tokens=300,
+                num_turns=3, changed_files=["m.py"], editable_files=("m.py",), final_message="")
+    base.update(kw)
+    return compute_reward(cfg=cfg, **base)
+
+
+def test_components_and_total():
+    cfg = EnvConfig(reward_partial_credit=0.5)
+    r = _reward(cfg, resolved=True)
+    assert r.base == 1.0 and r.resolved == 1.0
+    x = cfg.reward_length_token_weight * 300 + 3 * cfg.reward_length_call_weight + 3
+    assert r.length == pytest.approx(cfg.reward_length_coef * length_penalty(x, 0.01, 2.0))
+    assert r.total == pytest.approx(1.0 - r.length)
+    p = _reward(cfg, f2p_fraction=0.5)
+    assert p.base == 0.25
+    assert set(r.as_dict()) == {"reward_resolved", "reward_base", "reward_invalid_calls",
+                                "reward_length", "reward_outside_edits", "reward_false_claim",
+                                "reward_total"}
+
+
+def test_invalid_call_never_pays_better_than_valid():
+    cfg = EnvConfig()
+    for resolved in (False, True):
+        valid = _reward(cfg, resolved=resolved, num_calls=4)
+        invalid = _reward(cfg, resolved=resolved, num_calls=4, num_invalid_calls=1)
+        assert invalid.total < valid.total
+    many = _reward(cfg, num_calls=100, num_invalid_calls=100)
+    assert many.invalid_calls == cfg.reward_invalid_call_cap
+
+
+def test_outside_edits_and_false_claims():
+    cfg = EnvConfig()
+    assert _reward(cfg, changed_files=["m.py", "test_m.py"]).outside_edits == cfg.reward_outside_edit
+    assert _reward(cfg, final_message="Fixed, all tests pass.").false_claim == cfg.reward_false_claim
+    assert _reward(cfg, resolved=True, final_message="Fixed.").false_claim == 0.0
+    assert _reward(cfg, final_message="I could not fix it.").false_claim == 0.0
+    assert claims_success("Done - the bug is fixed") and not claims_success("tests still fail")
