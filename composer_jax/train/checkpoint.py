@@ -61,9 +61,11 @@ class Checkpointer:
                 print(f"warning: checkpoint step {step} in {self.directory} is unreadable "
                       f"({type(e).__name__}); falling back to the previous one", file=sys.stderr)
                 continue
-            if check_config and meta.get("model") != to_dict(self.cfg.model):
-                diff = {k: (v, to_dict(self.cfg.model).get(k)) for k, v in meta["model"].items()
-                        if to_dict(self.cfg.model).get(k) != v}
+            if check_config and not self._same_model(meta.get("model", {})):
+                now = to_dict(self.cfg.model)
+                then = meta.get("model", {})
+                diff = {k: (then.get(k, "<default>"), now.get(k)) for k in set(now) | set(then)
+                        if then.get(k, now.get(k)) != now.get(k)}
                 raise CheckpointError(
                     f"checkpoint step {step} in {self.directory} was written by a different model "
                     f"config (checkpoint vs now: {diff}); use another --workdir or the same config")
@@ -81,6 +83,15 @@ class Checkpointer:
         if steps:
             raise CheckpointError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
         return None
+
+    def _same_model(self, saved: dict) -> bool:
+        """Whether a checkpoint's model config equals ours; keys the checkpoint predates take their
+        defaults (configs only ever gain fields with defaults)."""
+        from composer_jax.config import ModelConfig, from_dict
+        try:
+            return from_dict(ModelConfig, saved) == self.cfg.model
+        except Exception:  # noqa: BLE001  (an unknown or invalid field: not the same model)
+            return False
 
     def _set_aside(self, bad_steps: list[int]) -> None:
         """Moves unreadable checkpoints out of the manager's way (kept for inspection, not
