@@ -33,10 +33,10 @@ def _debug() -> Config:
                                 num_layers=3, num_heads=4, dense_intermediate_size=256,
                                 moe_intermediate_size=64, num_routed_experts=8,
                                 num_experts_per_tok=2)
-    data = DataConfig(max_files=400, vocab_size=1024, seq_len=128, global_batch_size=8,
+    data = DataConfig(max_files=600, vocab_size=1024, seq_len=128, global_batch_size=16,
                       tokenizer_train_bytes=3_000_000)
-    train = TrainConfig(steps=240, lr=3e-3, warmup_steps=20, log_every=10, eval_every=40,
-                        eval_batches=4, checkpoint_every=40, keep_checkpoints=2)
+    train = TrainConfig(steps=320, lr=3e-3, warmup_steps=20, log_every=10, eval_every=40,
+                        eval_batches=8, checkpoint_every=40, keep_checkpoints=2)
     return Config(model=model, data=data, train=train)
 
 
@@ -81,16 +81,21 @@ def _sft() -> Config:
 
 
 def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
-    from composer_jax.train.loop import greedy_continuations, train
+    from composer_jax.inference import SamplingParams, generate
+    from composer_jax.train.loop import train
 
     last = train(cfg, workdir, kind="cpt")
     shown = {k: round(v, 4) for k, v in last.items() if not k.startswith("_")}
     print(f"final metrics: {shown}")
     if "_fns" in last:
+        tok = last["_tokenizer"]
         prompts = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n",
                    "class Stack:\n    def __init__(self):\n"]
-        for text in greedy_continuations(last["_fns"], last["_state"], last["_tokenizer"], prompts):
-            print("-" * 60 + "\n" + text)
+        model = last["_fns"].merge(last["_state"].params, last["_state"].buffers)
+        outs = generate(model, [tok.encode(p) for p in prompts],
+                        SamplingParams(temperature=0.0, max_new_tokens=40))
+        for p, c in zip(prompts, outs):
+            print("-" * 60 + "\n" + p + tok.decode(c.tokens))
 
 
 def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:

@@ -12,8 +12,6 @@ import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from tqdm import tqdm
 
 from composer_jax.config import Config
@@ -190,27 +188,3 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     last["_fns"] = fns
     last["_tokenizer"] = tokenizer
     return last
-
-
-def greedy_continuations(fns, state, tokenizer, prompts: list[str], max_new: int = 40) -> list[str]:
-    """Greedy continuations by full re-forward each step (a small check of what the model learned;
-    the KV-cached engine is composer_jax.inference)."""
-    model = fns.merge(state.params, state.buffers)
-    encoded = [tokenizer.encode(p) for p in prompts]
-    width = max(len(e) for e in encoded) + max_new
-
-    @jax.jit
-    def next_token(tokens, pos):
-        # causal: positions after `pos` (padding) cannot affect the logits at `pos`
-        return jnp.argmax(model(tokens, with_mtp=False).logits[0, pos], -1)
-
-    outs = []
-    for ids in encoded:
-        buf = np.zeros((1, width), np.int32)
-        buf[0, :len(ids)] = ids
-        n = len(ids)
-        for _ in range(max_new):
-            buf[0, n] = int(next_token(jnp.asarray(buf), n - 1))
-            n += 1
-        outs.append(tokenizer.decode(buf[0, :n].tolist()))
-    return outs
