@@ -154,6 +154,7 @@ class ModelConfig:
     init_std: float = 0.02
     moe_capacity_factor: float = 0.0   # expert-parallel dispatch: 0 = dropless, > 0 = drop overflow
     quant_bf16_last_blocks: int = 0    # low precision: the last N transformer blocks (and MTP) stay BF16
+    attention_kv_block: int = 2048     # longer key ranges use blocked online-softmax attention
 
     def __post_init__(self):
         _coerce_enums(self, "model")
@@ -198,6 +199,7 @@ class ModelConfig:
         _check(self.seq_aux_loss_coef >= 0, f"{p}seq_aux_loss_coef must be >= 0 (0 = off)")
         _check(self.init_std > 0, f"{p}init_std must be > 0")
         _check(self.moe_capacity_factor >= 0, f"{p}moe_capacity_factor must be >= 0 (0 = dropless)")
+        _check(self.attention_kv_block >= 1, f"{p}attention_kv_block must be >= 1")
         _check(0 <= self.quant_bf16_last_blocks <= self.num_layers,
                f"{p}quant_bf16_last_blocks must be in [0, num_layers={self.num_layers}], got "
                f"{self.quant_bf16_last_blocks}")

@@ -20,7 +20,7 @@ from flax import nnx
 from composer_jax.config import ModelConfig
 from composer_jax.model import rope as rope_lib
 from composer_jax.model.layers import Ctx, RMSNorm, linear, make_param
-from composer_jax.parallel.ring_attention import ring_attention
+from composer_jax.parallel.ring_attention import online_softmax_block, ring_attention
 from composer_jax.parallel.sharding import CPAttention, current, shard
 
 
@@ -51,6 +51,40 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
 # The q and kv latent norms use a fixed epsilon in the DeepSeek-V3 reference code and in HF
 # transformers, whatever rms_norm_eps says.
 LATENT_NORM_EPS = 1e-6
+
+
+def attend_blocked(q, k, v, q_segment, kv_segment, q_index, kv_index, scale: float,
+                   kv_block: int) -> jax.Array:
+    """Memory-efficient exact attention: keys in blocks of `kv_block` with an online softmax, each
+    block step checkpointed, so neither pass holds more than one [B,H,T,kv_block] score block.
+
+    q [B,T,H,Dk], k [B,S,H,Dk], v [B,S,H,Dv], segments/indices as in `attention_mask`.
+    """
+    b, s_len = k.shape[:2]
+    nk = -(-s_len // kv_block)
+    pad = nk * kv_block - s_len
+    if pad:
+        k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        kv_segment = jnp.pad(kv_segment, ((0, 0), (0, pad)), constant_values=-1)
+        kv_index = jnp.pad(kv_index, ((0, 0), (0, pad)))
+    blocks = lambda x: jnp.moveaxis(x.reshape((b, nk, kv_block) + x.shape[2:]), 1, 0)  # noqa: E731
+    t, h = q.shape[1], q.shape[2]
+    zq = jnp.zeros((b, t, h), jnp.float32)
+    o = jnp.zeros((b, t, h, v.shape[-1]), jnp.float32)
+    m = jnp.moveaxis(zq, 1, 2) - 1e30
+    l = jnp.moveaxis(zq, 1, 2)
+    step_fn = jax.checkpoint(online_softmax_block, static_argnums=(4,))
+
+    def step(carry, xs):
+        kb, vb, segb, idxb = xs
+        mask = attention_mask(q_segment, segb, q_index, idxb)
+        return step_fn(q, kb, vb, mask, scale, *carry), None
+
+    (o, m, l), _ = jax.lax.scan(step, (o, m, l),
+                                (blocks(k), blocks(v), blocks(kv_segment), blocks(kv_index)))
+    l = jnp.moveaxis(jnp.where(l > 0, l, 1.0), 1, 2)[..., None]
+    return (o / l).astype(v.dtype)
 
 
 class MLA(nnx.Module):
@@ -127,8 +161,12 @@ class MLA(nnx.Module):
             k_nope, v = self.expand_latent(c, ctx)
             k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe, k_nope.shape[:-1]
                                                           + (k_pe.shape[-1],))], axis=-1)
-            mask = attention_mask(segment_ids, kv_segment, token_index, kv_index)
-            out = attend(q, k, v, mask, scale)
+            if k.shape[1] > cfg.attention_kv_block:
+                out = attend_blocked(q, k, v, segment_ids, kv_segment, token_index, kv_index,
+                                     scale, cfg.attention_kv_block)
+            else:
+                mask = attention_mask(segment_ids, kv_segment, token_index, kv_index)
+                out = attend(q, k, v, mask, scale)
         out = shard(out, ("batch", "seq", "act_heads", None))
         return linear(out, self.wo[...], ctx, "bthv,hvd->btd")
 

@@ -20,7 +20,9 @@ from composer_jax.parallel.sharding import ParallelContext
 _NEG = -1e30
 
 
-def _block(q, k, v, mask, scale, o, m, l):
+def online_softmax_block(q, k, v, mask, scale, o, m, l):
+    """One key block of an online softmax: merges q [B,T,H,Dk] . k [B,S,H,Dk] (mask [B,T,S]) into
+    the running un-normalised output o [B,T,H,Dv], max m [B,H,T] and normaliser l [B,H,T]."""
     s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
     s = jnp.where(mask[:, None], s, _NEG)
     m_new = jnp.maximum(m, s.max(-1))                                    # [B,H,T]
@@ -45,7 +47,10 @@ def _ring_local(q, k, v, q_seg, kv_seg, q_idx, kv_idx, *, scale, axis):
     def step(carry, _):
         k, v, kv_seg, kv_idx, o, m, l = carry
         mask = (kv_idx[:, None, :] <= q_idx[:, :, None]) & (q_seg[:, :, None] == kv_seg[:, None, :])
-        o, m, l = _block(q, k, v, mask, scale, o, m, l)
+        # checkpointed: the backward pass recomputes this step's scores instead of keeping all cp
+        # steps' [B,H,T,S] score blocks alive
+        o, m, l = jax.checkpoint(online_softmax_block, static_argnums=(4,))(q, k, v, mask, scale,
+                                                                           o, m, l)
         k, v, kv_seg, kv_idx = (jax.lax.ppermute(a, axis, perm) for a in (k, v, kv_seg, kv_idx))
         return (k, v, kv_seg, kv_idx, o, m, l), None
 
