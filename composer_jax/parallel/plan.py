@@ -173,7 +173,18 @@ def run_in_subprocess(cfg, cfg_json_path: str, out_path: str, n_dev: int) -> dic
     proc = subprocess.run([sys.executable, "-m", "composer_jax.parallel.plan", cfg_json_path,
                            out_path], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"dry-run compile failed:\n{proc.stderr[-6000:]}")
+        from composer_jax.errors import ComposerError
+        reasons = {8: "SIGFPE: XLA:CPU overflows its int32 sizes on arrays this large",
+                   9: "SIGKILL: likely out of host memory"}
+        how = (f"was killed by signal {-proc.returncode} "
+               f"({reasons.get(-proc.returncode, 'see stderr below')}; the whole global batch was "
+               f"compiled for {n_dev} device(s))" if proc.returncode < 0
+               else f"exited with status {proc.returncode}")
+        raise ComposerError(
+            f"the dry-run compile {how}. Plan on a virtual mesh sized for the job, e.g. "
+            f"--set mesh.num_devices=256 --set mesh.expert=16 --set mesh.context=4 "
+            f"--set mesh.tensor=4 --set mesh.fsdp=1 --set mesh.rules=cp_ep, or a smaller "
+            f"data.global_batch_size.\n{proc.stderr[-6000:]}")
     with open(out_path) as f:
         return json.load(f)
 
