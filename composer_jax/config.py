@@ -405,15 +405,14 @@ class PolicyLoss(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    """Asynchronous policy-gradient RL (DESIGN.md "Asynchronous RL")."""
+    """Asynchronous policy-gradient RL (DESIGN.md "Asynchronous RL"). The concave length/effort
+    penalty is a reward term, configured with the other rewards in `env.reward_length_*`."""
     group_size: int = 4                 # samples per task; advantage = R - group mean
     loss: PolicyLoss = PolicyLoss.TRUNCATED_IS
     is_truncation: float = 2.0          # cap on the behaviour importance ratio
     clip_eps: float = 0.2               # PPO clipping (loss=ppo_clip)
     loss_normalizer: float = 4096.0     # token sums are divided by this constant (Dr.GRPO)
     kl_coef: float = 0.0                # k1 KL penalty placed in the reward
-    length_penalty_k: float = 0.01
-    length_penalty_q: float = 0.5
     max_staleness: int = 4              # admission control: versions ahead of the trainer
     full_snapshot_every: int = 10       # weight sync: a full snapshot every K versions
 
@@ -423,8 +422,6 @@ class RLConfig:
         _check(self.is_truncation >= 1, "rl.is_truncation must be >= 1")
         _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
         _check(self.loss_normalizer > 0, "rl.loss_normalizer must be > 0")
-        _check(self.length_penalty_k > 0 and self.length_penalty_q >= 0,
-               "rl.length_penalty_k must be > 0 and rl.length_penalty_q >= 0")
         _check(self.max_staleness >= 0, "rl.max_staleness must be >= 0")
         _check(self.full_snapshot_every >= 1, "rl.full_snapshot_every must be >= 1")
 

@@ -41,6 +41,12 @@ class MetricsWriter:
         self.close()
 
 
+def metric_series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the rows that logged a finite `key` (non-finite values are strings)."""
+    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), float)]
+    return ([s for s, _ in pts], [v for _, v in pts])
+
+
 def read_metrics(workdir) -> list[dict]:
     path = pathlib.Path(workdir) / "metrics.jsonl"
     if not path.exists():

@@ -34,13 +34,11 @@ def plot_gap(workdir: pathlib.Path, runs: dict[str, list[dict]]) -> pathlib.Path
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    from composer_jax.runlog import metric_series
+
     for name, rows in runs.items():
-        tr = [(r["step"], r["ce_loss"]) for r in rows if "ce_loss" in r]
-        va = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
-        if tr:
-            ax1.plot(*zip(*tr), label=name)
-        if va:
-            ax2.plot(*zip(*va), "o-", label=name, markersize=3)
+        ax1.plot(*metric_series(rows, "ce_loss"), label=name)
+        ax2.plot(*metric_series(rows, "val_loss"), "o-", label=name, markersize=3)
     for ax, title in ((ax1, "training CE"), (ax2, "validation loss")):
         ax.set_xlabel("step")
         ax.set_ylabel("nats/token")
@@ -65,10 +63,8 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
         print(f"=== {p.value} ===")
         train(sub, workdir / p.value)
         runs[p.value] = read_metrics(workdir / p.value)
-    final = {}
-    for name, rows in runs.items():
-        vals = [r["val_loss"] for r in rows if "val_loss" in r]
-        final[name] = vals[-1]
+    from composer_jax.runlog import metric_series
+    final = {name: metric_series(rows, "val_loss")[1][-1] for name, rows in runs.items()}
     base = final["bf16"]
     table = {name: {"final_val_loss": v, "rel_gap_vs_bf16": (v - base) / base}
              for name, v in final.items()}

@@ -50,7 +50,7 @@ class Ctx:
 
 def make_param(rngs: nnx.Rngs | None, shape: tuple[int, ...], axes: tuple[str | None, ...],
                cfg: ModelConfig, stack: tuple[int, ...] = (), init: str = "normal",
-               fan_in: int | None = None, kind=nnx.Param):
+               kind=nnx.Param):
     """A parameter of `stack + shape` with logical `axes` ("layers" prepended when stacked).
 
     init: "normal" (std = cfg.init_std), "ones", "zeros".

@@ -7,7 +7,6 @@ import jax
 from flax import nnx
 
 from composer_jax.config import ModelConfig
-from composer_jax.model.layers import RouterBias
 from composer_jax.model.transformer import Transformer
 
 
@@ -47,8 +46,3 @@ def count_params(cfg: ModelConfig) -> tuple[int, int]:
     unused = routed * (cfg.num_routed_experts - cfg.num_experts_per_tok) // cfg.num_routed_experts
     return total, total - unused
 
-
-def count_router_bias(cfg: ModelConfig) -> int:
-    model = abstract_model(cfg)
-    leaves = jax.tree.leaves(nnx.state(model, RouterBias))
-    return sum(math.prod(x.shape) for x in leaves)

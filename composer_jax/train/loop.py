@@ -18,7 +18,7 @@ from composer_jax.config import Config
 from composer_jax.errors import ComposerError
 from composer_jax.model import init_model
 from composer_jax.model.flops import flops_per_token
-from composer_jax.runlog import MetricsWriter, read_metrics
+from composer_jax.runlog import MetricsWriter, metric_series, read_metrics
 from composer_jax.train.checkpoint import Checkpointer
 from composer_jax.train.mfu import peak_flops_per_device
 from composer_jax.train.schedules import make_schedule
@@ -82,9 +82,8 @@ def plot_curves(workdir: pathlib.Path) -> pathlib.Path | None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, style in (("ce_loss", "-"), ("mtp_loss", ":"), ("val_loss", "o-")):
-        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), float)]
-        if pts:
-            xs, ys = zip(*pts)
+        xs, ys = metric_series(rows, key)
+        if xs:
             ax.plot(xs, ys, style, label=key, markersize=3)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")

@@ -21,7 +21,6 @@ from flax import nnx, struct
 
 from composer_jax.config import Config, MTPLoss
 from composer_jax.model import router as router_lib
-from composer_jax.model.layers import RouterBias
 from composer_jax.model.transformer import Transformer
 from composer_jax.train import losses
 from composer_jax.train.optimizers import make_optimizer
@@ -51,11 +50,18 @@ class StepFns:
 
     def merge(self, params: dict, buffers: dict) -> Transformer:
         """A model module holding `params` and `buffers` (pure dicts)."""
-        p = jax.tree.map(lambda x: x, self.abstract_params)
-        b = jax.tree.map(lambda x: x, self.abstract_buffers)
-        nnx.replace_by_pure_dict(p, params)
-        nnx.replace_by_pure_dict(b, buffers)
-        return nnx.merge(self.graphdef, p, b)
+        return merge_model(self.graphdef, self.abstract_params, self.abstract_buffers, params,
+                           buffers)
+
+
+def merge_model(graphdef, abstract_params, abstract_buffers, params: dict, buffers: dict):
+    """Rebuilds the model from pure dicts. replace_by_pure_dict works in place, so it fills fresh
+    copies of the state templates, never the shared ones (which would capture tracers)."""
+    p = jax.tree.map(lambda x: x, abstract_params)
+    b = jax.tree.map(lambda x: x, abstract_buffers)
+    nnx.replace_by_pure_dict(p, params)
+    nnx.replace_by_pure_dict(b, buffers)
+    return nnx.merge(graphdef, p, b)
 
 
 def _axes_and_paths(state):
@@ -70,12 +76,6 @@ def _axes_and_paths(state):
             node = node.setdefault(k, {})
         node[path[-1]] = ".".join(str(k) for k in path)
     return axes, paths
-
-
-def split_model(model: Transformer):
-    """model -> (graphdef, abstract params, abstract buffers, params dict, buffers dict)."""
-    graphdef, params, buffers = nnx.split(model, nnx.Param, ...)
-    return graphdef, params, buffers
 
 
 def _forward_losses(model: Transformer, batch: dict, cfg: Config, denom, mtp_denom, key=None):
@@ -127,7 +127,7 @@ def load_max_over_mean(counts: dict) -> jax.Array:
 def build(model: Transformer, cfg: Config) -> tuple[StepFns, TrainState]:
     """Splits `model`, builds the optimizer and the jitted train/eval steps; returns the initial
     TrainState (step 0)."""
-    graphdef, params_state, buffer_state = split_model(model)
+    graphdef, params_state, buffer_state = nnx.split(model, nnx.Param, ...)
     axes, paths = _axes_and_paths(params_state)
     tx = make_optimizer(cfg.train, axes, paths)
     params = nnx.to_pure_dict(params_state)
@@ -137,16 +137,9 @@ def build(model: Transformer, cfg: Config) -> tuple[StepFns, TrainState]:
     micro = cfg.train.microbatches
     rate = cfg.model.router_bias_update_rate
 
-    def merge(p, b):
-        # replace_by_pure_dict works in place: fill fresh copies, never the shared templates.
-        fresh_p = jax.tree.map(lambda x: x, abstract_params)
-        fresh_b = jax.tree.map(lambda x: x, abstract_buffers)
-        nnx.replace_by_pure_dict(fresh_p, p)
-        nnx.replace_by_pure_dict(fresh_b, b)
-        return nnx.merge(graphdef, fresh_p, fresh_b)
-
     def loss_fn(p, b, mb, denom, mtp_denom, key=None):
-        return _forward_losses(merge(p, b), mb, cfg, denom, mtp_denom, key)
+        model = merge_model(graphdef, abstract_params, abstract_buffers, p, b)
+        return _forward_losses(model, mb, cfg, denom, mtp_denom, key)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
