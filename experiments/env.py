@@ -1,6 +1,7 @@
 """Environment experiments.
 
-  env_generate       build (or resume) the training task pool in WORKDIR/pool (env.pool_dir)
+  env_generate       build (or resume) the training task pool in WORKDIR/pool (env.pool_dir), from
+                     the CPython stdlibs and the packages in env.package_sources
   env_generate_eval  the same from the held-out modules only (evaluation tasks)
   env_check          run the oracle and null agents over the pool; write WORKDIR/env_check.json
 
@@ -46,9 +47,11 @@ def _generate(cfg: Config, workdir: pathlib.Path) -> dict:
                                        "generation_seconds": summary["seconds"],
                                        "candidates": summary["stats"].get("candidates", 0),
                                        **{f"kind_{k}": v for k, v in summary["kinds"].items()},
-                                       **{f"python_{k}": v for k, v in summary["versions"].items()}})
+                                       **{f"python_{k}": v for k, v in summary["versions"].items()},
+                                       **{f"source_{k}": v for k, v in summary["sources"].items()}})
     (pathlib.Path(workdir) / "env_generate.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps({k: summary[k] for k in ("num_tasks", "kinds", "versions", "seconds")}))
+    print(json.dumps({k: summary[k] for k in ("num_tasks", "kinds", "versions", "sources",
+                                              "packages_missing", "seconds")}))
     return summary
 
 
@@ -61,12 +64,13 @@ def _check(cfg: Config, workdir: pathlib.Path) -> dict:
         print(f"no tasks in {pool}: generating the pool first")
         _generate(cfg, workdir)
     summary = check_pool(cfg.env, pool, workdir)
-    print(json.dumps({k: summary[k] for k in ("num_tasks", "kinds", "oracle_resolved_rate",
+    print(json.dumps({k: summary[k] for k in ("num_tasks", "kinds", "sources", "oracle_resolved_rate",
                                               "null_resolved_rate", "seconds")}))
     return summary
 
 
-registry.register("env_generate", "generate validated coding tasks from local CPython code",
+registry.register("env_generate",
+                  "generate validated coding tasks from local CPython code and packages",
                   _generate_config, _generate)
 registry.register("env_generate_eval", "generate evaluation tasks from the held-out modules only",
                   _generate_eval_config, _generate)

@@ -2,9 +2,9 @@
 
 A sound pool has oracle resolved rate ~1 (the reference fix, applied through the tools, passes the
 tests in the sandbox) and null resolved rate 0 (doing nothing never passes). Writes
-WORKDIR/env_check.json with num_tasks, kinds, versions, oracle_resolved_rate, null_resolved_rate,
-the mean reward components of each agent and the ids of tasks the oracle failed; per-task lines go
-to metrics.jsonl and transcripts of failures to WORKDIR/transcripts/.
+WORKDIR/env_check.json with num_tasks, kinds, versions, sources, oracle_resolved_rate,
+null_resolved_rate, the mean reward components of each agent and the ids of tasks the oracle
+failed; per-task lines go to metrics.jsonl and transcripts of failures to WORKDIR/transcripts/.
 """
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
         "num_tasks": n,
         "kinds": dict(sorted(collections.Counter(t.kind for t in tasks).items())),
         "versions": dict(sorted(collections.Counter(t.python_version for t in tasks).items())),
+        "sources": dict(sorted(collections.Counter(t.source for t in tasks).items())),
         "oracle_resolved_rate": resolved["oracle"] / n,
         "null_resolved_rate": resolved["null"] / n,
         "oracle_reward": _mean(oracle_rewards),

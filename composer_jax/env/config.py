@@ -80,6 +80,7 @@ class EnvConfig:
     max_tasks_per_module: int = 6
     max_module_lines: int = 3000
     max_test_file_seconds: float = 1.5
+    baseline_timeout_s: float = 8.0    # a module's first full test run (slow files get trimmed)
     max_task_test_seconds: float = 0.5
     test_timeout_s: float = 20.0
     fork_server: bool = True           # generation test runs fork from a warm sandboxed runner
@@ -87,6 +88,11 @@ class EnvConfig:
     max_pass_to_pass: int = 60
     max_migration_lines: int = 300
     task_seed: int = 0
+    # installed packages whose own unittest suites make task sources (`tasks/sources.py`), looked
+    # for in package_dirs, then the running environment's and the CPythons' site-packages
+    stdlib_sources: bool = True        # False: tasks from package_sources only
+    package_sources: tuple[str, ...] = ("simplejson", "pyflakes")
+    package_dirs: tuple[str, ...] = ()
     # --- rewards -------------------------------------------------------------------------------
     reward_partial_credit: float = 0.0
     reward_invalid_call: float = 0.05
@@ -110,7 +116,7 @@ class EnvConfig:
         _check(isinstance(self.split, Split),
                f"{p}split must be one of {[m.value for m in Split]}, got {self.split!r}")
         for f in ("command_timeout_s", "episode_time_s", "max_test_file_seconds",
-                  "max_task_test_seconds", "test_timeout_s"):
+                  "max_task_test_seconds", "test_timeout_s", "baseline_timeout_s"):
             _check(getattr(self, f) > 0, f"{p}{f} must be > 0 seconds, got {getattr(self, f)}")
         for f in ("memory_limit_mb", "max_processes", "max_file_size_mb", "max_open_files",
                   "max_output_bytes", "read_max_lines", "grep_max_hits", "search_max_results",
@@ -136,6 +142,15 @@ class EnvConfig:
         _check(len(self.kinds) >= 1 and all(k in TASK_KINDS for k in self.kinds),
                f"{p}kinds must be a non-empty subset of {TASK_KINDS}, got {self.kinds}")
         _check(len(set(self.kinds)) == len(self.kinds), f"{p}kinds has duplicates: {self.kinds}")
+        for name in self.package_sources:
+            _check(isinstance(name, str) and name.isidentifier(),
+                   f"{p}package_sources entries must be top-level import names like 'simplejson', "
+                   f"got {name!r}")
+        _check(len(set(self.package_sources)) == len(self.package_sources),
+               f"{p}package_sources has duplicates: {self.package_sources}")
+        for d in self.package_dirs:
+            _check(isinstance(d, str) and d.startswith("/"),
+                   f"{p}package_dirs must hold absolute paths, got {d!r}")
         for f in ("reward_partial_credit", "reward_invalid_call", "reward_invalid_call_cap",
                   "reward_outside_edit", "reward_false_claim", "reward_length_coef",
                   "reward_length_k", "reward_length_token_weight", "reward_length_call_weight",

@@ -33,8 +33,9 @@ def test_generate_small_pool_validate_resume_and_check(tmp_path):
     for t in TaskPool(tmp_path / "pool").tasks():
         d = tmp_path / "pool" / "tasks" / t.task_id
         assert t.fail_to_pass and set(t.fail_to_pass).isdisjoint(t.pass_to_pass)
-        assert (d / "snapshot" / f"{t.module}.py").read_text() != (d / "solution" / f"{t.module}.py").read_text()
-        assert t.reference_patch.startswith(f"--- a/{t.module}.py") and t.lines_changed >= 1
+        (rel,) = t.edit_files
+        assert (d / "snapshot" / rel).read_text() != (d / "solution" / rel).read_text()
+        assert t.reference_patch.startswith(f"--- a/{rel}") and t.lines_changed >= 1
         assert t.problem_statement and t.split == "train"
     # resuming does no new work
     again = generate_pool(cfg, tmp_path / "pool", progress=False)

@@ -10,7 +10,8 @@ The current directory goes first on sys.path, and modules it provides that the i
 unittest had already imported (e.g. difflib, textwrap) are forgotten so the tests import the
 workspace copy. Test output is sent to /dev/null; the last stdout
 line is "@@CJ_RESULTS@@" followed by JSON: {"results": {id: "pass"|"fail"|"error"|"skip"},
-"messages": {id: short reason}, "modules": {name: file}, "duration": seconds}.
+"messages": {id: short reason}, "modules": {name: file}, "duration": seconds, "class_times":
+{test class id: seconds spent in its tests}}.
 Runs on every CPython >= 3.8 (it is executed by each task's own interpreter).
 """
 import json
@@ -39,6 +40,17 @@ class _Result(unittest.TestResult):
         super().__init__()
         self.outcomes = {}
         self.messages = {}
+        self.class_times = {}
+        self._started = 0.0
+
+    def startTest(self, test):
+        super().startTest(test)
+        self._started = time.time()
+
+    def stopTest(self, test):
+        super().stopTest(test)
+        cls = test.id().rsplit(".", 1)[0]
+        self.class_times[cls] = self.class_times.get(cls, 0.0) + time.time() - self._started
 
     def _set(self, test, status, err=None):
         tid = test.id()
@@ -130,8 +142,9 @@ def run_names(names, modules):
             import importlib.util
             spec = importlib.util.find_spec(m)
             found[m] = spec.origin if spec else None
+    times = {k: round(v, 4) for k, v in result.class_times.items()}
     return json.dumps({"results": result.outcomes, "messages": result.messages, "modules": found,
-                       "duration": time.time() - start})
+                       "duration": time.time() - start, "class_times": times})
 
 
 def main(argv):

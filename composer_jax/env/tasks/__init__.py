@@ -1,6 +1,7 @@
-"""Offline task generation from local CPython code, and the task pool.
+"""Offline task generation from local CPython code and installed packages, and the task pool.
 
-  sources.py     which stdlib modules (with their test files) can become tasks
+  sources.py     which stdlib modules (with their test files) and package modules (with their
+                 package's test suite) can become tasks
   mutate.py      bug injection by AST mutation (minimal text edits)
   candidates.py  candidate tasks of each kind: bug, feature, migration, multi_bug
   validate.py    fail-before / pass-after checks in the sandbox (twice, flaky ones rejected)

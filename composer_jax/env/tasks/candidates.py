@@ -1,7 +1,8 @@
 """Candidate tasks of each kind, built from a module source and its baseline (not yet validated).
 
-A `Candidate` carries before/after file contents, the tests that pass on the after files, and a
-function that writes the problem statement once validation knows the failing tests.
+A `Candidate` carries before/after file contents, the tests that pass on the after files (and the
+test names whose full run validates it), its provenance, and a function that writes the problem
+statement once validation knows the failing tests.
 """
 from __future__ import annotations
 
@@ -19,12 +20,19 @@ from composer_jax.env.tasks.sources import ModuleSource
 
 @dataclasses.dataclass(frozen=True)
 class Baseline:
-    """The test outcomes of an unmodified module: `passing` test ids, run time, why unusable."""
+    """The test outcomes of an unmodified module: `passing` test ids, run time, why unusable, and
+    `tests`: the test names a candidate's full run uses (the source's test modules, or the fast
+    test classes of a slow test file; empty means the source's test modules)."""
     source: ModuleSource
     passing: frozenset
     duration_s: float
     usable: bool
     reason: str = ""
+    tests: tuple = ()
+
+    @property
+    def test_names(self) -> tuple:
+        return self.tests or self.source.test_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +48,11 @@ class Candidate:
     source_version: str
     test_version: str
     mutations: tuple = ()
-
-
-def _files(src: ModuleSource, module_text: str) -> dict[str, str]:
-    return {f"{src.module}.py": module_text,
-            f"{src.test_module}.py": pathlib.Path(src.test_path).read_text(encoding="utf-8")}
+    test_names: tuple = ()
+    test_files: tuple = ()
+    origin: str = "stdlib"
+    package: str = ""
+    package_version: str = ""
 
 
 def _digest(*parts: str) -> str:
@@ -55,18 +63,23 @@ def _make(kind: str, cid_tail: str, base: Baseline, before_text: str, after_text
           statement, mutations: tuple, source_version: str | None = None) -> Candidate:
     """A candidate over `base`'s module: `before_text` is what the agent gets, `after_text` the fix.
 
-    `statement(module, test_file, f2p, messages)` writes the problem statement."""
+    `statement(module_file, test_label, f2p, messages)` writes the problem statement. Package
+    candidates take the package's version as source and test version."""
     src = base.source
-    test_file = f"{src.test_module}.py"
+    pkg = src.package
+    label = src.test_label
     return Candidate(
         cid=f"{kind}-{cid_tail}-{src.module}" if kind == "migration" else
         f"{kind}-{src.version}-{src.module}-{cid_tail}",
         kind=kind, python_version=src.version, module=src.module,
-        before=_files(src, before_text), after=_files(src, after_text),
-        after_passing=base.passing, source_version=source_version or src.version,
-        test_version=src.version,
-        statement=lambda f2p, msgs: statement(src.module, test_file, f2p, msgs),
-        mutations=mutations)
+        before=src.files(before_text), after=src.files(after_text),
+        after_passing=base.passing,
+        source_version=source_version or (pkg.version if pkg else src.version),
+        test_version=pkg.version if pkg else src.version,
+        statement=lambda f2p, msgs: statement(src.module_file, label, f2p, msgs),
+        mutations=mutations, test_names=base.test_names, test_files=src.test_files,
+        origin=src.origin, package=pkg.name if pkg else "",
+        package_version=pkg.version if pkg else "")
 
 
 def bug_candidates(base: Baseline, rng: random.Random):
@@ -132,7 +145,7 @@ def feature_candidates(base: Baseline, rng: random.Random):
         except SyntaxError:
             continue
         yield _make("feature", _digest(qual), base, new, text,
-                    lambda mod, tf, f2p, msgs, q=qual, d=doc: statements.feature_statement(mod, q, d, tf),
+                    lambda mf, tl, f2p, msgs, q=qual, d=doc: statements.feature_statement(mf, q, d, tl),
                     (f"feature_deletion of {qual} (lines {first}-{last})",))
 
 
@@ -148,6 +161,6 @@ def migration_candidate(old: ModuleSource, new_base: Baseline, max_lines: int) -
     if changed > max_lines:
         return None
     return _make("migration", f"{old.version}to{new.version}", new_base, old_text, new_text,
-                 lambda mod, tf, f2p, msgs: statements.migration_statement(mod, old.version,
-                                                                           new.version, tf, f2p),
+                 lambda mf, tl, f2p, msgs: statements.migration_statement(mf, old.version,
+                                                                          new.version, tl, f2p),
                  (f"migration {old.version} -> {new.version}",), source_version=old.version)

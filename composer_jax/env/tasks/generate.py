@@ -1,11 +1,14 @@
 """Offline task generation: module sources -> baselines -> candidates -> validated tasks in a pool.
 
-Modules are taken in batches (smallest test files first, so test runs stay short); each batch is
-baselined in the sandbox (the unmodified module's tests; modules whose test file is slow, does not
-import the workspace copy, or has too few addressable passing tests are dropped). Candidates of the
-configured kinds are then interleaved across modules and validated in parallel (`validate.py`)
-until `num_tasks` tasks are in the pool or the batch runs dry, in which case the next batch is
-baselined. Every processed candidate is logged, so a rerun resumes where it stopped.
+Sources are stdlib modules of each configured CPython and the modules of the packages named in
+`env.package_sources` (`sources.py`). They are taken in batches (package modules first, then stdlib
+modules with the smallest test files, so test runs stay short); each batch is baselined in the
+sandbox (the unmodified module's tests; when they are slow only their fastest test classes are
+kept; modules whose tests do not import the workspace copy, or that have too few addressable
+passing tests, are dropped). Candidates of the configured kinds are then interleaved across
+modules and validated in parallel (`validate.py`) until `num_tasks` tasks are in the pool or the
+batch runs dry, in which case the next batch is baselined. Every processed candidate is logged, so
+a rerun resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from composer_jax.env.pythons import find_pythons, get_python
 from composer_jax.env.sandbox import resolve_backend
 from composer_jax.env.tasks import candidates as cands
 from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
-from composer_jax.env.tasks.sources import ModuleSource, discover
+from composer_jax.env.tasks.sources import ModuleSource, discover, discover_packages
 from composer_jax.env.tasks.task import Task, unified_patch
 from composer_jax.env.tasks.validate import addressable, check_candidate, scratch
 
@@ -35,24 +38,44 @@ MIN_PASSING = 5
 BATCH_PER_VERSION = 12
 
 
+def fast_classes(class_times: dict, passing: frozenset, budget_s: float) -> tuple[tuple, frozenset]:
+    """(the fastest test classes holding passing tests whose summed time fits `budget_s`, the
+    passing test ids in them)."""
+    with_passing = {t.rsplit(".", 1)[0] for t in passing}
+    chosen, total = set(), 0.0
+    for cls, seconds in sorted(class_times.items(), key=lambda kv: (kv[1], kv[0])):
+        if cls not in with_passing:
+            continue
+        if total + seconds > budget_s:
+            break
+        chosen.add(cls)
+        total += seconds
+    return tuple(sorted(chosen)), frozenset(t for t in passing if t.rsplit(".", 1)[0] in chosen)
+
+
 def baseline(sx, src: ModuleSource, cfg: EnvConfig) -> cands.Baseline:
-    """Runs the unmodified module's test file once; decides whether the module is usable."""
-    files = cands._files(src, pathlib.Path(src.module_path).read_text(encoding="utf-8"))
-    sx.write(files)
-    run = sx.run([src.test_module], modules=(src.module,))
+    """Runs the unmodified module's tests; decides whether the module is usable. Tests slower than
+    `max_test_file_seconds` are trimmed to their fastest classes (half that budget), run again."""
+    sx.sync(src.files(pathlib.Path(src.module_path).read_text(encoding="utf-8")))
+    run = sx.run(list(src.test_names), modules=(src.module,), timeout_s=cfg.baseline_timeout_s)
     where = run.modules.get(src.module) or ""
     passing = frozenset(t for t, s in run.results.items()
-                        if s == "pass" and addressable(t, src.test_module))
-    reason = ""
+                        if s == "pass" and addressable(t, src.test_names))
+    tests, reason = (), ""
+    if run.ok and run.duration_s > cfg.max_test_file_seconds:
+        tests, passing = fast_classes(run.class_times, passing, cfg.max_test_file_seconds / 2)
+        if tests:  # keep the ids that also pass when only those classes run
+            again = sx.run(list(tests), timeout_s=cfg.baseline_timeout_s)
+            passing = frozenset(t for t in passing if again.passed(t))
     if not run.ok:
         reason = "baseline run failed: " + run.detail[-120:]
-    elif not where.endswith(f"/{src.module}.py") or not where.startswith(sx.sandbox.workdir):
+    elif not where.endswith("/" + src.module_file) or not where.startswith(sx.sandbox.workdir):
         reason = f"module imported from {where!r}, not the workspace"
-    elif run.duration_s > cfg.max_test_file_seconds:
-        reason = f"tests too slow ({run.duration_s:.2f}s)"
     elif len(passing) < MIN_PASSING:
-        reason = f"only {len(passing)} addressable passing tests"
-    return cands.Baseline(src, passing, run.duration_s, not reason, reason)
+        reason = (f"tests too slow ({run.duration_s:.2f}s)" if tests or
+                  run.duration_s > cfg.max_test_file_seconds else
+                  f"only {len(passing)} addressable passing tests")
+    return cands.Baseline(src, passing, run.duration_s, not reason, reason, tests)
 
 
 class _Workers:
@@ -97,10 +120,15 @@ class Generator:
         self.rng = random.Random(cfg.task_seed)
         self.progress = progress
         self.versions = sorted(cfg.python_versions, key=lambda v: tuple(map(int, v.split("."))))
+        pkgs, self.packages_missing = discover_packages(cfg.package_sources, self.versions,
+                                                        cfg.split, cfg.max_module_lines,
+                                                        cfg.package_dirs)
         self.todo = {}
         for v in self.versions:
-            srcs = discover(get_python(v), cfg.split, cfg.max_module_lines)
-            self.todo[v] = sorted(srcs, key=lambda s: (pathlib.Path(s.test_path).stat().st_size, s.module))
+            srcs = (discover(get_python(v), cfg.split, cfg.max_module_lines)
+                    if cfg.stdlib_sources else [])
+            self.todo[v] = [s for s in pkgs if s.version == v] + sorted(
+                srcs, key=lambda s: (pathlib.Path(s.test_path).stat().st_size, s.module))
         self.baselines: dict[tuple[str, str], cands.Baseline] = {}
         self.per_module = collections.Counter((t.python_version, t.module) for t in self.pool.tasks())
         self.accepted_mutations = collections.defaultdict(list)
@@ -120,7 +148,8 @@ class Generator:
                 if src.module in cache:
                     c = cache[src.module]
                     self.baselines[(v, src.module)] = cands.Baseline(
-                        src, frozenset(c["passing"]), c["duration_s"], c["usable"], c["reason"])
+                        src, frozenset(c["passing"]), c["duration_s"], c["usable"], c["reason"],
+                        tuple(c.get("tests", ())))
                 else:
                     jobs[ex.submit(lambda s=src: baseline(self.workers.scratch(s.version), s, self.cfg))] = src
         for fut in cf.as_completed(jobs):
@@ -131,7 +160,7 @@ class Generator:
             for (ver, mod), b in self.baselines.items():
                 if ver == v:
                     cache[mod] = {"passing": sorted(b.passing), "duration_s": b.duration_s,
-                                  "usable": b.usable, "reason": b.reason}
+                                  "usable": b.usable, "reason": b.reason, "tests": list(b.tests)}
             _save_baselines(self.pool, v, cache)
         return len(jobs)
 
@@ -200,7 +229,7 @@ class Generator:
             olds = {s.module: s for s in discover(get_python(old_v), self.cfg.split,
                                                    self.cfg.max_module_lines)}
             for (ver, mod), b in sorted(self.baselines.items()):
-                if ver != new_v or not b.usable or mod not in olds:
+                if ver != new_v or not b.usable or b.source.package or mod not in olds:
                     continue
                 text = pathlib.Path(olds[mod].module_path).read_bytes()
                 if (new_v, mod, text) in seen:
@@ -213,7 +242,7 @@ class Generator:
     # -- validation -----------------------------------------------------------------------------
     def _validate(self, c: cands.Candidate):
         sx = self.workers.scratch(c.python_version)
-        return check_candidate(sx, f"test_{c.module}", c.before, c.after, c.after_passing, self.cfg)
+        return check_candidate(sx, c.test_names, c.before, c.after, c.after_passing, self.cfg)
 
     def _accept(self, c: cands.Candidate, verdict) -> None:
         edit = tuple(sorted(r for r in c.after if c.after[r] != c.before.get(r)))
@@ -222,9 +251,10 @@ class Generator:
                     python_version=c.python_version, module=c.module,
                     problem_statement=c.statement(verdict.fail_to_pass, verdict.messages),
                     fail_to_pass=verdict.fail_to_pass, pass_to_pass=verdict.pass_to_pass,
-                    edit_files=edit, test_files=(f"test_{c.module}.py",), reference_patch=patch,
+                    edit_files=edit, test_files=c.test_files, reference_patch=patch,
                     lines_changed=changed, source_version=c.source_version,
-                    test_version=c.test_version, mutations=c.mutations)
+                    test_version=c.test_version, mutations=c.mutations, origin=c.origin,
+                    package=c.package, package_version=c.package_version)
         self.pool.add(task, c.before, {r: c.after[r] for r in edit})
 
     def _finish(self, c: cands.Candidate, m, verdict, target: int, bar) -> None:
@@ -283,7 +313,8 @@ class Generator:
         manifest = self.pool.write_manifest()
         usable = sum(b.usable for b in self.baselines.values())
         return {"num_tasks": manifest["num_tasks"], "kinds": manifest["kinds"],
-                "versions": manifest["versions"], "seconds": time.monotonic() - start,
+                "versions": manifest["versions"], "sources": manifest["sources"],
+                "packages_missing": self.packages_missing, "seconds": time.monotonic() - start,
                 "modules_baselined": len(self.baselines), "modules_usable": usable,
                 "stats": dict(self.stats)}
 

@@ -1,7 +1,8 @@
 """The task pool on disk: one directory per task, a manifest, and a log of processed candidates.
 
   POOL/tasks/<task_id>/{task.json, snapshot/, solution/}
-  POOL/manifest.json      {"num_tasks", "kinds", "versions", "tasks": [summary...]} (atomic writes)
+  POOL/manifest.json      {"num_tasks", "kinds", "versions", "sources", "tasks": [summary...]}
+                          (atomic writes; sources counts "stdlib" and each "package==version")
   POOL/candidates.jsonl   one line per processed candidate (accepted or why rejected), so that an
                           interrupted generation resumes without redoing work
   POOL/baselines/<ver>.json  per-module baseline test outcomes (cache)
@@ -92,8 +93,10 @@ class TaskPool:
             "num_tasks": len(tasks),
             "kinds": dict(sorted(collections.Counter(t.kind for t in tasks).items())),
             "versions": dict(sorted(collections.Counter(t.python_version for t in tasks).items())),
+            "sources": dict(sorted(collections.Counter(t.source for t in tasks).items())),
             "tasks": [{"task_id": t.task_id, "kind": t.kind, "python_version": t.python_version,
-                       "module": t.module, "split": t.split, "lines_changed": t.lines_changed,
+                       "module": t.module, "source": t.source, "split": t.split,
+                       "lines_changed": t.lines_changed,
                        "num_fail_to_pass": len(t.fail_to_pass)} for t in tasks],
         }
         with self._lock:

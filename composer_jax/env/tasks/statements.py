@@ -1,4 +1,7 @@
-"""Terse problem statements, like a real request to a coding assistant."""
+"""Terse problem statements, like a real request to a coding assistant.
+
+`module_file` is the edited file's workspace path ("bisect.py", "simplejson/decoder.py"),
+`test_file` how the tests are named ("test_bisect.py", "simplejson/tests/")."""
 from __future__ import annotations
 
 
@@ -16,25 +19,25 @@ def _symptom(messages: dict, ids) -> str:
     return ""
 
 
-def bug_statement(module: str, test_file: str, f2p, messages: dict) -> str:
+def bug_statement(module_file: str, test_file: str, f2p, messages: dict) -> str:
     return (f"Tests in {test_file} are failing: {_tests(f2p)}.{_symptom(messages, f2p)} "
-            f"Something in {module}.py is broken; please find the bug and fix it without changing "
+            f"Something in {module_file} is broken; please find the bug and fix it without changing "
             f"the tests.")
 
 
-def multi_bug_statement(module: str, test_file: str, f2p, messages: dict) -> str:
+def multi_bug_statement(module_file: str, test_file: str, f2p, messages: dict) -> str:
     return (f"Several tests in {test_file} fail ({_tests(f2p)}).{_symptom(messages, f2p)} "
-            f"There may be more than one bug in {module}.py. Fix them; don't touch the tests.")
+            f"There may be more than one bug in {module_file}. Fix them; don't touch the tests.")
 
 
-def feature_statement(module: str, qualname: str, doc: str, test_file: str) -> str:
+def feature_statement(module_file: str, qualname: str, doc: str, test_file: str) -> str:
     first = (doc or "").strip().splitlines()
     hint = f' Its docstring says: "{first[0][:160]}"' if first else ""
-    return (f"`{qualname}` in {module}.py is not implemented (it raises NotImplementedError).{hint} "
+    return (f"`{qualname}` in {module_file} is not implemented (it raises NotImplementedError).{hint} "
             f"Implement it so that the tests in {test_file} pass.")
 
 
-def migration_statement(module: str, old: str, new: str, test_file: str, f2p) -> str:
-    return (f"{module}.py here is the Python {old} version, but {test_file} comes from Python {new} "
-            f"and fails: {_tests(f2p)}. Update {module}.py so the new tests pass (run them with "
+def migration_statement(module_file: str, old: str, new: str, test_file: str, f2p) -> str:
+    return (f"{module_file} here is the Python {old} version, but {test_file} comes from Python {new} "
+            f"and fails: {_tests(f2p)}. Update {module_file} so the new tests pass (run them with "
             f"`python -m unittest {test_file[:-3]}`).")

@@ -21,6 +21,8 @@ class Task:
     tests; source_version / test_version: where the module and the tests come from (they differ
     for migrations); edit_files: files the reference fix changes; test_files: files that define
     the tests (restored from the snapshot before grading); lines_changed: size of the fix.
+    origin: "stdlib" or "package"; package / package_version: the package a package task comes
+    from (its version is then also the source and test version).
     """
     task_id: str
     kind: str
@@ -37,6 +39,14 @@ class Task:
     source_version: str
     test_version: str
     mutations: tuple[str, ...] = ()
+    origin: str = "stdlib"
+    package: str = ""
+    package_version: str = ""
+
+    @property
+    def source(self) -> str:
+        """Where the code comes from: "stdlib" or "package==version"."""
+        return f"{self.package}=={self.package_version}" if self.package else "stdlib"
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -24,7 +24,8 @@ class TestRun:
     """Outcome of one run: `results` maps test id -> pass/fail/error/skip; `ok` is False when the
     runner itself did not report (crash, timeout), in which case every requested id counts as
     failed; `modules` maps module name -> file it was imported from; `duration_s` is the wall time
-    seen from the host, `test_seconds` the time spent running tests inside the interpreter."""
+    seen from the host, `test_seconds` the time spent running tests inside the interpreter,
+    `class_times` maps test class id -> seconds its tests took (to pick fast tests)."""
     ok: bool
     results: dict
     messages: dict
@@ -32,6 +33,7 @@ class TestRun:
     duration_s: float
     detail: str = ""
     test_seconds: float = 0.0
+    class_times: dict = dataclasses.field(default_factory=dict)
 
     def passed(self, test_id: str) -> bool:
         return self.results.get(test_id) == "pass"
@@ -58,7 +60,8 @@ def parse_output(text: str, duration_s: float) -> TestRun:
     if "error" in data:
         return TestRun(False, {}, {}, {}, duration_s, detail=str(data["error"]))
     return TestRun(True, data.get("results", {}), data.get("messages", {}), data.get("modules", {}),
-                   duration_s, test_seconds=float(data.get("duration", 0.0)))
+                   duration_s, test_seconds=float(data.get("duration", 0.0)),
+                   class_times=data.get("class_times", {}))
 
 
 def run_tests(sandbox: Sandbox, python_exe: str, names, *, modules=(),

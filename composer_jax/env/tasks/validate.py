@@ -45,8 +45,23 @@ class Scratch:
         self.sandbox = Sandbox(self.dir, backend=backend, limits=limits,
                                python_prefixes=(py.prefix,), uid=self.uid)
         self.server = TestServer(self.sandbox, py.executable) if cfg.fork_server else None
+        self._synced: set[str] = set()
+
+    def sync(self, files: dict[str, str]) -> None:
+        """Makes the directory hold `files` and nothing else we wrote before: when the set of
+        paths differs from the last sync, the directory is emptied first (a mutated module left
+        over from another candidate must not shadow the library for the next one)."""
+        if set(files) != self._synced:
+            for entry in list(self.dir.iterdir()):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+            self._synced = set(files)
+        self.write(files)
 
     def write(self, files: dict[str, str]) -> None:
+        """Writes (overwrites) `files`; other files stay."""
         for rel, text in files.items():
             p = self.dir / rel
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -54,11 +69,13 @@ class Scratch:
             if self.uid is not None:
                 os.chown(p, self.uid, self.uid)
 
-    def run(self, names, modules=()) -> TestRun:
+    def run(self, names, modules=(), timeout_s: float | None = None) -> TestRun:
+        """Runs test `names` here; `timeout_s` defaults to the short generation timeout."""
+        timeout = timeout_s or self.timeout
         if self.server is not None:
-            return self.server.run(names, modules=modules, timeout_s=self.timeout)
+            return self.server.run(names, modules=modules, timeout_s=timeout)
         return run_tests(self.sandbox, self.py.executable, names, modules=modules,
-                         timeout_s=self.timeout)
+                         timeout_s=timeout)
 
     def close(self) -> None:
         if self.server is not None:
@@ -76,10 +93,10 @@ def scratch(py: PythonInstall, backend: SandboxBackend, cfg: EnvConfig):
         s.close()
 
 
-def addressable(test_id: str, test_module: str) -> bool:
-    """Ids we can re-run by name: test_module.Class.method."""
-    parts = test_id.split(".")
-    return len(parts) == 3 and parts[0] == test_module
+def addressable(test_id: str, test_modules) -> bool:
+    """Ids we can re-run by name: `<one of test_modules>.Class.method`."""
+    return any(test_id.startswith(m + ".") and test_id[len(m) + 1:].count(".") == 1
+               for m in test_modules)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +108,12 @@ class Verdict:
     messages: dict = dataclasses.field(default_factory=dict)
 
 
-def check_candidate(sx: Scratch, test_module: str, before: dict[str, str], after: dict[str, str],
+def check_candidate(sx: Scratch, test_names, before: dict[str, str], after: dict[str, str],
                     after_passing: frozenset[str], cfg: EnvConfig) -> Verdict:
-    """Runs the protocol in the module docstring; `sx` is reused (files are overwritten)."""
-    sx.write(before)
-    full = sx.run([test_module])
+    """Runs the protocol in the module docstring; `test_names` (test modules or classes) make the
+    full run; `sx` is reused (synced to `before`, then `after`)."""
+    sx.sync(before)
+    full = sx.run(list(test_names))
     if not full.ok:
         return Verdict(False, f"before-run crashed: {full.detail[-200:]}")
     f2p = tuple(sorted(t for t in after_passing if not full.passed(t)))
@@ -110,7 +128,7 @@ def check_candidate(sx: Scratch, test_module: str, before: dict[str, str], after
     again = sx.run(ids)
     if not again.ok or any(again.passed(t) for t in f2p) or not all(again.passed(t) for t in p2p):
         return Verdict(False, "flaky: second before-run disagrees")
-    sx.write(after)
+    sx.sync(after)
     for _ in range(2):
         post = sx.run(ids)
         if not post.ok or not all(post.passed(t) for t in ids):
