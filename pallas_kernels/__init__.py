@@ -2,8 +2,9 @@
 
 Every kernel has a portable Pallas version (interpret mode on CPU, Triton on CUDA) that is tested
 bit for bit against composer_jax.quant's reference numerics, plus backend variants selected with
-`variant=`: "hopper" (fp8 MMA with per-block rescale), "tpu" ((8, 128)-tiled scale blocks, K grid
-axis with a VMEM accumulator). This package does not import composer_jax (imports go downwards).
+`variant=`: "hopper" (fp8 MMA with per-block rescale), "blackwell" (the matmuls use sm_100's
+native block-scaled tcgen05 MMA through Mosaic GPU; no interpret mode, checked by lowering), "tpu"
+((8, 128)-tiled scale blocks, K grid axis with a VMEM accumulator). This package does not import composer_jax (imports go downwards).
 """
 
 from pallas_kernels.block_matmul import block_scaled_matmul

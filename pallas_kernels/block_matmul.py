@@ -8,8 +8,8 @@ optional FP32 global scale (gA * gB, applied once at the end). Output float32 [M
 M and N are padded up to the tile sizes and the result is sliced back; K is never tiled past its
 end (the loop runs over exactly KB scale blocks).
 Variants: "portable" (f32 MMA; the interpret-mode reference kernel), "hopper" (fp8 MMA per
-32-wide K block with the rescale on CUDA cores; f16 MMA for NVFP4's 16-wide blocks), "tpu"
-(see block_matmul_tpu).
+32-wide K block with the rescale on CUDA cores; f16 MMA for NVFP4's 16-wide blocks), "blackwell"
+(native block-scaled tcgen05 MMA, see block_matmul_blackwell), "tpu" (see block_matmul_tpu).
 """
 
 from __future__ import annotations
@@ -68,6 +68,11 @@ def block_scaled_matmul(a, sa, b, sb, global_scale=None, *, block_size: int, sca
 
         return block_matmul_tpu.matmul(a, sa, b, sb, global_scale, block_size=block_size,
                                        scale_kind=scale_kind, interpret=interpret)
+    if variant == common.BLACKWELL:
+        from pallas_kernels import block_matmul_blackwell
+
+        return block_matmul_blackwell.matmul(a, sa, b, sb, global_scale, block_size=block_size,
+                                             scale_kind=scale_kind, interpret=interpret)
     bm = bm or common.pow2_tile(m, 64, 16)
     bn = bn or common.pow2_tile(n, 128, 16)
     mp, np_ = common.round_up(m, bm), common.round_up(n, bn)

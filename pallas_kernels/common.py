@@ -7,8 +7,9 @@ import jax.numpy as jnp
 
 PORTABLE = "portable"
 HOPPER = "hopper"
+BLACKWELL = "blackwell"
 TPU = "tpu"
-VARIANTS = (PORTABLE, HOPPER, TPU)
+VARIANTS = (PORTABLE, HOPPER, BLACKWELL, TPU)
 
 
 def check_variant(variant: str) -> str:

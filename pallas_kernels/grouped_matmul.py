@@ -8,6 +8,7 @@ produce zeros), optional FP32 global scale. Output float32 [M, N].
 Each program owns an (bm, bn) output tile and loops over just the groups whose rows intersect it
 (a [lo, hi) range computed from the group sizes), accumulating each group's K loop and keeping
 the rows that belong to it. M and N are zero-padded to the tiles, never truncated.
+Variants as block_matmul; "tpu" and "blackwell" live in grouped_matmul_tpu / _blackwell.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def grouped_block_scaled_matmul(x, sx, w, sw, group_sizes, global_scale=None, *,
 
         return grouped_matmul_tpu.grouped_matmul(x, sx, w, sw, group_sizes, global_scale, block_size=block_size,
                                                  scale_kind=scale_kind, interpret=interpret)
+    if variant == common.BLACKWELL:
+        from pallas_kernels import grouped_matmul_blackwell
+
+        return grouped_matmul_blackwell.grouped_matmul(x, sx, w, sw, group_sizes, global_scale,
+                                                       block_size=block_size, scale_kind=scale_kind,
+                                                       interpret=interpret)
     bm = bm or common.pow2_tile(m, 64, 16)
     bn = bn or common.pow2_tile(n, 128, 16)
     mp, np_ = common.round_up(m, bm), common.round_up(n, bn)

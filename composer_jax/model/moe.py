@@ -20,20 +20,43 @@ from composer_jax.config import ModelConfig, MoEImpl
 from composer_jax.model import router as router_lib
 from composer_jax.quant.grouped import grouped_matmul
 from composer_jax.model.layers import MLP, Ctx, RouterBias, linear, make_param
-from composer_jax.parallel.expert import dispatch_expert_parallel
+from composer_jax.parallel.expert import RowCodec, dispatch_expert_parallel
 from composer_jax.parallel.sharding import current
 
 
-def _grouped(x, w, group_sizes, ctx: Ctx, tag: int = 0):
-    """Per-expert matmul in the layer's number format (ctx.fmt); FP32 accumulation."""
+def _grouped(x, w, group_sizes, ctx: Ctx, tag: int = 0, amax_axes: tuple[str, ...] = ()):
+    """Per-expert matmul in the layer's number format (ctx.fmt); FP32 accumulation.
+
+    The quantized formats use key ctx.subkey(10 + tag) (tags 1/2/3: gate/up/down) for NVFP4's
+    stochastic rounding; amax_axes (inside the expert-parallel shard_map) are the mesh axes the
+    operands are split over, so NVFP4 per-tensor scales are those of the whole tensor."""
     dt = ctx.dtype
     if ctx.fmt != "bf16":
         from composer_jax.quant import quantized_ragged_dot
         return quantized_ragged_dot(x.astype(dt), w.astype(dt), group_sizes, ctx.fmt,
-                                    key=ctx.subkey(10 + tag)).astype(dt)
+                                    key=ctx.subkey(10 + tag), amax_axes=amax_axes).astype(dt)
     # jax.lax.ragged_dot on GPU/TPU; a blocked batched matmul on CPU (see quant/grouped.py).
     y = grouped_matmul(x.astype(dt), w.astype(dt), group_sizes)
     return y.astype(dt)
+
+
+def expert_parallel_matmul(ctx: Ctx):
+    """The local expert matmul for the expert-parallel path (composer_jax.parallel.expert's
+    `grouped`): the same quantized ragged dot, keys and tags as `dispatch_ragged`; None (that
+    path's bf16 ragged_dot) when the layer is not quantized."""
+    if ctx.fmt == "bf16":
+        return None
+    return lambda x, w, group_sizes, tag, amax_axes: _grouped(x, w, group_sizes, ctx, tag, amax_axes)
+
+
+def expert_parallel_codec(ctx: Ctx, d: int) -> RowCodec | None:
+    """MXFP8 layers send their token rows [., d] to the experts as MXFP8 bytes (1 + 1/32 bytes per
+    value instead of bf16's 2; composer_jax.quant.wire explains why the expert matmul's forward
+    and input gradient are unchanged); None (rows in the compute dtype) for other formats."""
+    if ctx.fmt != "mxfp8":
+        return None
+    from composer_jax.quant.wire import decode_mxfp8_rows, encode_mxfp8_rows
+    return RowCodec(encode_mxfp8_rows, lambda b: decode_mxfp8_rows(b, d, ctx.dtype))
 
 
 def dispatch_ragged(x, idx, weights, w_gate, w_up, w_down, ctx: Ctx):
@@ -80,8 +103,10 @@ class MoE(nnx.Module):
         dropped_frac [] (capacity-factor expert parallelism; else 0)}.
 
         Under a parallel context whose rules put experts on the `expert` mesh axis, dispatch goes
-        through the all-to-all expert-parallel path (composer_jax.parallel.expert); counts are
-        computed on the global arrays, so they are global loads.
+        through the all-to-all expert-parallel path (composer_jax.parallel.expert): its local
+        expert matmuls are `dispatch_ragged`'s quantized ragged dot (same format, keys and tags;
+        NVFP4 per-tensor scales reduced over the mesh), MXFP8 layers dispatch tokens as MXFP8
+        bytes, and counts are computed on the global arrays, so they are global loads.
 
         replay_idx [B,T,K]: router replay (use these experts). Padding tokens (segment 0) are
         routed like any other but not counted in the loads.
@@ -98,7 +123,8 @@ class MoE(nnx.Module):
         if pc is not None and pc.expert_parallel:
             y, dropped = dispatch_expert_parallel(
                 x, idx.reshape(b, t, -1), weights.reshape(b, t, -1), self.w_gate[...],
-                self.w_up[...], self.w_down[...], ctx.dtype, pc, cfg.moe_capacity_factor)
+                self.w_up[...], self.w_down[...], ctx.dtype, pc, cfg.moe_capacity_factor,
+                grouped=expert_parallel_matmul(ctx), codec=expert_parallel_codec(ctx, d))
         else:
             dispatch = dispatch_ragged if cfg.moe_impl == MoEImpl.RAGGED else dispatch_dense
             y = dispatch(xf, idx, weights, self.w_gate[...], self.w_up[...], self.w_down[...], ctx)

@@ -6,11 +6,23 @@ which include `expert`) and E/ep experts. Per device:
   1. sort its N*K (token, expert) assignments by expert; the destination shard is expert // E_loc,
      so the sorted list is contiguous per destination;
   2. exchange sizes (all_gather of the [ep] send sizes) to get every offset, then
-     `ragged_all_to_all` the token rows and their local expert ids;
-  3. sort the received rows by local expert and run the grouped matmuls (`ragged_dot`); with a
-     tensor axis each device holds an F/tp slice of every local expert and the partial outputs are
-     summed (psum over `tensor`);
+     `ragged_all_to_all` the token rows and their local expert ids (the rows optionally encoded
+     by a `RowCodec`, e.g. MXFP8 bytes instead of bf16: DeepSeek-V3-style FP8 dispatch);
+  3. sort the received rows by local expert and run the grouped matmuls (`ragged_dot` in the
+     compute dtype, or the caller's `grouped`, e.g. the model's MXFP8/NVFP4 quantized ragged dot);
+     with a tensor axis each device holds an F/tp slice of every local expert and the partial
+     outputs are summed (psum over `tensor`);
   4. the return trip is the mirrored ragged_all_to_all; un-sort and combine with the weights.
+
+Quantized experts (the model passes `grouped` / `codec`, see composer_jax.model.moe): the local
+GEMMs quantize like the single-device path's, NVFP4 per-tensor scales are reduced over
+`amax_axes` (token + tensor axes), so forward outputs and input gradients equal the single-device
+ones up to float32 summation order (with a tensor axis, NVFP4 needs F/tp to be a multiple of
+16 for that, else its blocks along F differ: still a valid quantization, not an identical one).
+Expert-weight gradients quantize along tokens, whose split over devices differs from the single
+device's sort: a different valid quantization for NVFP4; for MXFP8, whose power-of-two scales
+round every element to the same 3-bit mantissa whatever its block, the same values except for
+elements in E4M3's subnormal range (tests/parallel/test_expert_quant.py states the bounds).
 
 Receive buffer bound (dropless): a device can receive at most min(K, E_loc) rows per token of each
 of the ep peers, so the buffer holds M = ep * N * min(K, E_loc) rows (N = tokens per device). This
@@ -25,7 +37,10 @@ E_loc = E / ep, K experts per token, M receive-buffer rows.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +53,51 @@ from composer_jax.parallel.sharding import ParallelContext, check_batch
 EXPERT_AXIS = "expert"
 
 
+@dataclasses.dataclass(frozen=True)
+class RowCodec:
+    """How token rows travel in the dispatch all-to-all: encode(x [R, D]) -> [R, W] (fewer bytes;
+    all-zero encoded rows, the receive buffer's padding, must decode to zeros) and
+    decode([R, W]) -> [R, D]. The backward pass sends the rows' gradients back unencoded: the
+    codec is transparent to differentiation (straight through), so it should only drop what the
+    expert matmul's own quantization drops anyway (see composer_jax.quant.wire)."""
+
+    encode: Callable
+    decode: Callable
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _coded_send(codec: RowCodec, route: tuple, rows, in_off, send_sizes, out_off, recv_sizes):
+    """decode(ragged_all_to_all(encode(rows))) -> [out_rows, D] in rows' dtype.
+
+    route = (axis name, out_rows, max_send_rows, rows of `rows`) (static)."""
+    axis, out_rows, per_peer, _ = route
+    enc = codec.encode(rows)
+    got = ragged_all_to_all(enc, jnp.zeros((out_rows,) + enc.shape[1:], enc.dtype), in_off, send_sizes,
+                            out_off, recv_sizes, axis_name=axis, max_send_rows=per_peer)
+    return codec.decode(got).astype(rows.dtype)
+
+
+def _coded_send_fwd(codec, route, rows, in_off, send_sizes, out_off, recv_sizes):
+    out = _coded_send(codec, route, rows, in_off, send_sizes, out_off, recv_sizes)
+    return out, (in_off, send_sizes, out_off, recv_sizes)
+
+
+def _coded_send_bwd(codec, route, res, ct):
+    """The transpose of the unencoded all-to-all applied to the cotangent (straight through)."""
+    axis, _, per_peer, n_rows = route
+    in_off, send_sizes, out_off, recv_sizes = res
+
+    def send(r):
+        return ragged_all_to_all(r, jnp.zeros_like(ct), in_off, send_sizes, out_off, recv_sizes,
+                                 axis_name=axis, max_send_rows=per_peer)
+
+    (d_rows,) = jax.vjp(send, jnp.zeros_like(ct, shape=(n_rows, ct.shape[1])))[1](ct)
+    return d_rows, None, None, None, None
+
+
+_coded_send.defvjp(_coded_send_fwd, _coded_send_bwd)
+
+
 def _exclusive_cumsum(x, axis=0):
     return jnp.cumsum(x, axis=axis) - x
 
@@ -46,10 +106,15 @@ def _inverse(perm):
     return jnp.zeros_like(perm).at[perm].set(jnp.arange(perm.shape[0], dtype=perm.dtype))
 
 
-def _grouped(x, w, group_sizes, dtype):
-    y = jax.lax.ragged_dot(x.astype(dtype), w.astype(dtype), group_sizes,
-                           preferred_element_type=jnp.float32)
-    return y.astype(dtype)
+def ragged_grouped(dtype):
+    """The default local expert matmul: `jax.lax.ragged_dot` in `dtype` with float32 accumulation,
+    as a `grouped(x, w, group_sizes, tag, amax_axes)` callable (tag and axes unused)."""
+    def grouped(x, w, group_sizes, tag, amax_axes):
+        del tag, amax_axes
+        y = jax.lax.ragged_dot(x.astype(dtype), w.astype(dtype), group_sizes,
+                               preferred_element_type=jnp.float32)
+        return y.astype(dtype)
+    return grouped
 
 
 def capacity_keep(flat: jax.Array, num_experts: int, capacity: int) -> jax.Array:
@@ -70,7 +135,7 @@ def receive_rows(n_tokens: int, k: int, num_experts: int, ep: int, capacity_fact
     return max(rows, 1)
 
 
-def _local_dispatch(x, idx, weights, w_gate, w_up, w_down, *, dtype, capacity_factor,
+def _local_dispatch(x, idx, weights, w_gate, w_up, w_down, *, grouped, codec, capacity_factor,
                     token_axes, tensor_axes):
     b, t, d = x.shape
     n, k = b * t, idx.shape[-1]
@@ -99,16 +164,22 @@ def _local_dispatch(x, idx, weights, w_gate, w_up, w_down, *, dtype, capacity_fa
     per_peer = rows // ep            # bound on one send in either direction
 
     xs = x[order // k]                                                           # [N*K, D]
-    buf = ragged_all_to_all(xs, jnp.zeros((rows, d), xs.dtype), in_off, send_sizes, out_off,
-                            recv_sizes, axis_name=EXPERT_AXIS, max_send_rows=per_peer)
+    if codec is None:
+        buf = ragged_all_to_all(xs, jnp.zeros((rows, d), xs.dtype), in_off, send_sizes, out_off,
+                                recv_sizes, axis_name=EXPERT_AXIS, max_send_rows=per_peer)
+    else:
+        buf = _coded_send(codec, (EXPERT_AXIS, rows, per_peer, xs.shape[0]), xs, in_off, send_sizes,
+                          out_off, recv_sizes)
     ids = ragged_all_to_all((sorted_e % e_loc).astype(jnp.int32),
                             jnp.full((rows,), e_loc, jnp.int32), in_off, send_sizes, out_off,
                             recv_sizes, axis_name=EXPERT_AXIS, max_send_rows=per_peer)
     local_order = jnp.argsort(ids, stable=True)
     group_sizes = jnp.bincount(ids, length=e_loc).astype(jnp.int32)             # padding excluded
     xr = buf[local_order]
-    h = jax.nn.silu(_grouped(xr, w_gate, group_sizes, dtype)) * _grouped(xr, w_up, group_sizes, dtype)
-    yr = _grouped(h, w_down, group_sizes, dtype)                                 # [M, D]
+    axes = token_axes + tensor_axes          # what the local operands are split over
+    h = (jax.nn.silu(grouped(xr, w_gate, group_sizes, 1, axes))
+         * grouped(xr, w_up, group_sizes, 2, axes))
+    yr = grouped(h, w_down, group_sizes, 3, axes)                                # [M, D]
     if tensor_axes:
         yr = jax.lax.psum(yr, tensor_axes)
     y_buf = yr[_inverse(local_order)]
@@ -124,9 +195,17 @@ def _local_dispatch(x, idx, weights, w_gate, w_up, w_down, *, dtype, capacity_fa
 
 
 def dispatch_expert_parallel(x, idx, weights, w_gate, w_up, w_down, dtype, pc: ParallelContext,
-                             capacity_factor: float = 0.0):
+                             capacity_factor: float = 0.0, grouped=None, codec: RowCodec | None = None):
     """Expert-parallel MoE. x [B,T,D], idx/weights [B,T,K], w_gate/w_up [E,D,F], w_down [E,F,D]
-    (global arrays) -> (y [B,T,D], dropped fraction [] f32). Dropless when capacity_factor == 0."""
+    (global arrays) -> (y [B,T,D], dropped fraction [] f32). Dropless when capacity_factor == 0.
+
+    grouped: the per-device expert matmul, called inside shard_map as
+    grouped(x [M, K], w [E_loc, K, N], group_sizes [E_loc], tag, amax_axes) -> [M, N], where tag
+    is 1 / 2 / 3 for the gate / up / down projection (the single-device path's key tags) and
+    amax_axes names the mesh axes the operands are split over (for NVFP4 per-tensor scales).
+    Default: `ragged_grouped(dtype)`. It may close over traced values (e.g. a PRNG key).
+    codec: optional RowCodec for the token rows on the way to the experts (None: x's dtype).
+    """
     batch_axes, seq_axes = pc.axes_of("batch"), pc.axes_of("seq")
     token_axes = batch_axes + seq_axes
     if EXPERT_AXIS not in token_axes:
@@ -143,8 +222,9 @@ def dispatch_expert_parallel(x, idx, weights, w_gate, w_up, w_down, dtype, pc: P
                           f"{ {a: pc.sizes[a] for a in tensor_axes} }")
     tp = tensor_axes or None
     tok = P(batch_axes or None, seq_axes or None, None)
+    grouped = ragged_grouped(dtype) if grouped is None else grouped
     fn = jax.shard_map(
-        lambda *a: _local_dispatch(*a, dtype=dtype, capacity_factor=capacity_factor,
+        lambda *a: _local_dispatch(*a, grouped=grouped, codec=codec, capacity_factor=capacity_factor,
                                    token_axes=token_axes, tensor_axes=tensor_axes),
         in_specs=(tok, tok, tok, P(EXPERT_AXIS, None, tp), P(EXPERT_AXIS, None, tp),
                   P(EXPERT_AXIS, tp, None)),

@@ -1,12 +1,16 @@
 """GEMMs on QArrays through either backend: "jnp" (dequantize, one float32 dot; the default on
 CPU) or "pallas" (the block-scaled kernels in pallas_kernels, variant chosen by the platform:
-"tpu" on TPU, "hopper" on GPU, the interpret-mode "portable" kernel on CPU). "auto" picks jnp on
-CPU and pallas elsewhere.
+"tpu" on TPU; on GPU "blackwell" (native block-scaled tcgen05 MMA) on compute capability 10.x
+once a one-time on-device check of it against the reference passed, else "hopper"; the
+interpret-mode "portable" kernel on CPU). "auto" picks jnp on CPU and pallas elsewhere.
 
 Glossary: M rows, K contraction, N columns, G groups.
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +21,7 @@ from composer_jax.errors import ConfigError
 from composer_jax.quant.grouped import grouped_matmul
 from composer_jax.quant import blockwise
 from composer_jax.quant.qarray import QArray
-from composer_jax.quant.quantize import dequantize
+from composer_jax.quant.quantize import dequantize, quantize
 
 BACKENDS = ("auto", "jnp", "pallas")
 _HIGHEST = lax.Precision.HIGHEST
@@ -37,7 +41,39 @@ def kernel_variant() -> str:
     platform = jax.default_backend()
     if platform == "tpu":
         return "tpu"
-    return "portable" if platform == "cpu" else "hopper"
+    if platform == "cpu":
+        return "portable"
+    return "blackwell" if _tcgen05_gpu() and _blackwell_self_check() else "hopper"
+
+
+def _tcgen05_gpu() -> bool:
+    cc = str(getattr(jax.devices()[0], "compute_capability", ""))
+    return cc.split(".")[0] in ("10", "11")
+
+
+@functools.cache
+def _blackwell_self_check() -> bool:
+    """Run the blackwell matmul once per process on a small MXFP8 and NVFP4 problem and compare it
+    with the reference (blockwise); on an error or a mismatch warn and fall back to "hopper", so an
+    unvalidated native kernel never silently changes training numerics."""
+    try:
+        with jax.ensure_compile_time_eval():
+            a = jax.random.normal(jax.random.PRNGKey(0), (192, 512))
+            b = jax.random.normal(jax.random.PRNGKey(1), (512, 160))
+            for fmt in ("mxfp8", "nvfp4"):
+                qa, qb = quantize(a, fmt, axis=1), quantize(b, fmt, axis=0)
+                want = blockwise.block_scaled_matmul(qa, qb)
+                got = pallas_kernels.block_scaled_matmul(
+                    _kernel_data(qa), _kernel_scales(qa, False), _kernel_data(qb), _kernel_scales(qb, True),
+                    blockwise.global_product(qa, qb), block_size=qa.block_size, scale_kind=_scale_kind(qa),
+                    variant="blackwell")
+                err = float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want)))
+                if not err < 1e-5:
+                    raise ValueError(f"{fmt} max relative error {err:.3g} against the reference")
+    except Exception as e:  # noqa: BLE001 - any failure means: do not use the kernel
+        warnings.warn(f"blackwell block-scaled kernel failed its self-check ({e}); using the hopper variant")
+        return False
+    return True
 
 
 def _scale_kind(q: QArray) -> str:

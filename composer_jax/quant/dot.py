@@ -22,6 +22,7 @@ from composer_jax.quant import backend as be
 from composer_jax.quant.formats import DOT_FORMATS, check_input_dtype
 from composer_jax.quant.hadamard import random_hadamard
 from composer_jax.quant.operands import grad_keys, pad_axes, quant, quant_weight, quant_weight_t
+from composer_jax.quant.vma import match_vma
 
 
 def check_dot_format(fmt: str) -> None:
@@ -35,12 +36,14 @@ def bf16_dot(x: jax.Array, w: jax.Array, dims) -> jax.Array:
                            preferred_element_type=jnp.float32)
 
 
-def weight_grad_operands(x, dy, fmt: str, k_dw, k_rht, block: int):
-    """Q_M(x)^T [K, Mp] and Q_M(dy) [Mp, N] for dw = x^T dy (rows padded to `block`; nvfp4: RHT first)."""
+def weight_grad_operands(x, dy, fmt: str, k_dw, k_rht, block: int, amax_axes: tuple[str, ...] = ()):
+    """Q_M(x)^T [K, Mp] and Q_M(dy) [Mp, N] for dw = x^T dy (rows padded to `block`; nvfp4: RHT first).
+
+    amax_axes: mesh axes over which NVFP4 per-tensor scales are reduced (operands.global_scale)."""
     x, dy = pad_axes(x, (0,), block), pad_axes(dy, (0,), block)
     if fmt == "nvfp4":
         x, dy = random_hadamard(x, k_rht, axis=0), random_hadamard(dy, k_rht, axis=0)
-    return quant(x.T, fmt, 1), quant(dy, fmt, 0, key=k_dw)
+    return quant(x.T, fmt, 1, amax_axes=amax_axes), quant(dy, fmt, 0, key=k_dw, amax_axes=amax_axes)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -58,7 +61,7 @@ def _qdot_bwd(fmt, backend, res, dy):
     dx = be.matmul(quant(dy, fmt, 1, key=k_dx), quant_weight_t(w, fmt), backend)[:, : x.shape[1]]
     qxt, qdy = weight_grad_operands(x, dy, fmt, k_dw, k_rht, 16 if fmt == "nvfp4" else 32)
     dw = be.matmul(qxt, qdy, backend)[:, : w.shape[1]]
-    return dx.astype(x.dtype), dw.astype(w.dtype), None
+    return match_vma(dx.astype(x.dtype), x), match_vma(dw.astype(w.dtype), w), None
 
 
 _qdot.defvjp(_qdot_fwd, _qdot_bwd)

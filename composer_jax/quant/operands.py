@@ -1,5 +1,6 @@
 """Quantizing GEMM operands: zero-padding the blocked axes, 16x16 weight tiles, gradient keys,
-and group-aligned row layouts for the expert weight-gradient GEMM.
+group-aligned row layouts for the expert weight-gradient GEMM, and NVFP4 per-tensor scales of
+tensors sharded inside `shard_map` (`amax_axes`).
 
 Zero padding is exact: zeros do not change any block's amax and add nothing to a dot product.
 """
@@ -8,10 +9,25 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from composer_jax.quant.formats import get_format
 from composer_jax.quant.qarray import QArray
-from composer_jax.quant.quantize import quantize
+from composer_jax.quant.quantize import nvfp4_global_scale, quantize
+from composer_jax.quant.vma import varying_axes
+
+
+def global_scale(x: jax.Array, fmt: str, amax_axes: tuple[str, ...] = ()) -> jax.Array | None:
+    """NVFP4 per-tensor scale of x taken over every shard along `amax_axes` (mesh axes, inside
+    shard_map), so a sharded tensor is quantized with the scale of the whole (unsharded) tensor.
+
+    None (quantize then uses x's own amax) for mxfp8, which has no per-tensor scale, or no axes.
+    Zero rows (buffer padding) do not change the scale; NaN/Inf anywhere makes it NaN everywhere.
+    """
+    axes = varying_axes(x, amax_axes) if fmt == "nvfp4" else ()
+    if not axes:
+        return None
+    return lax.pmax(nvfp4_global_scale(x), axes)
 
 
 def pad_axes(x: jax.Array, axes: tuple[int, ...], multiple: int) -> jax.Array:
@@ -22,27 +38,31 @@ def pad_axes(x: jax.Array, axes: tuple[int, ...], multiple: int) -> jax.Array:
     return jnp.pad(x, pads) if any(p for _, p in pads) else x
 
 
-def quant(x: jax.Array, fmt: str, axis: int, key: jax.Array | None = None) -> QArray:
-    """Quantize x along `axis` after zero-padding that axis to the block size."""
+def quant(x: jax.Array, fmt: str, axis: int, key: jax.Array | None = None,
+          amax_axes: tuple[str, ...] = ()) -> QArray:
+    """Quantize x along `axis` after zero-padding that axis to the block size (amax_axes: see
+    `global_scale`)."""
     axis = axis % x.ndim
-    return quantize(pad_axes(x, (axis,), get_format(fmt).block_size), fmt, axis, key=key)
+    return quantize(pad_axes(x, (axis,), get_format(fmt).block_size), fmt, axis, key=key,
+                    global_scale=global_scale(x, fmt, amax_axes))
 
 
-def quant_weight(w: jax.Array, fmt: str) -> QArray:
+def quant_weight(w: jax.Array, fmt: str, amax_axes: tuple[str, ...] = ()) -> QArray:
     """Weights [..., K, N]: mxfp8 along K; nvfp4 in 16x16 tiles (K and N padded to 16)."""
     if fmt == "nvfp4":
-        return quantize(pad_axes(w, (w.ndim - 2, w.ndim - 1), 16), fmt, block_2d=True)
+        return quantize(pad_axes(w, (w.ndim - 2, w.ndim - 1), 16), fmt, block_2d=True,
+                        global_scale=global_scale(w, fmt, amax_axes))
     return quant(w, fmt, w.ndim - 2)
 
 
-def quant_weight_t(w: jax.Array, fmt: str) -> QArray:
+def quant_weight_t(w: jax.Array, fmt: str, amax_axes: tuple[str, ...] = ()) -> QArray:
     """Transposed weights [..., N, K] blocked along N for the input-gradient GEMM.
 
     nvfp4 reuses the 16x16 tiles (transposed), so the backward sees the forward's exact values;
     mxfp8 re-quantizes the original weights along N.
     """
     if fmt == "nvfp4":
-        q = quant_weight(w, fmt)
+        q = quant_weight(w, fmt, amax_axes)
         return QArray(jnp.swapaxes(q.data, -1, -2), jnp.swapaxes(q.scales, -1, -2), q.global_scale,
                       q.fmt, q.block_size, q.axes)
     wt = jnp.swapaxes(w, -1, -2)

@@ -25,6 +25,7 @@ from composer_jax.quant.dot import check_dot_format, weight_grad_operands
 from composer_jax.quant.formats import check_input_dtype
 from composer_jax.quant.operands import aligned_layout, grad_keys, quant, quant_weight, quant_weight_t, scatter_rows
 from composer_jax.quant.quantize import dequantize
+from composer_jax.quant.vma import match_vma, vary_like
 
 
 def _block(fmt: str) -> int:
@@ -32,45 +33,53 @@ def _block(fmt: str) -> int:
 
 
 def ragged_weight_grad(qxt, qdy, padded_sizes, g: int, k: int, n: int) -> jax.Array:
-    """dw [G, K, N] from group-aligned Q_M(x)^T [K, Mp] and Q_M(dy) [Mp, N] (float32)."""
+    """dw [G, K, N] from group-aligned Q_M(x)^T [K, Mp] and Q_M(dy) [Mp, N] (float32).
+
+    Inside shard_map the result varies over every axis xt or dy varies over (a per-shard partial)."""
     xt, dy = dequantize(qxt), dequantize(qdy)
-    zeros = jnp.zeros((g, xt.shape[0], dy.shape[1]), jnp.float32)
+    zeros = vary_like(jnp.zeros((g, xt.shape[0], dy.shape[1]), jnp.float32), xt, dy)
     fwd = lambda w: grouped_matmul(xt.T, w, padded_sizes, precision=lax.Precision.HIGHEST,  # noqa: E731
                                    preferred_element_type=jnp.float32)
     (dw,) = jax.vjp(fwd, zeros)[1](dy)
     return dw[:, :k, :n]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _qragged(x, w, group_sizes, key, fmt, backend):
-    return be.ragged_matmul(quant(x, fmt, 1), quant_weight(w, fmt), group_sizes, backend)[:, : w.shape[2]]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _qragged(x, w, group_sizes, key, fmt, backend, amax_axes):
+    return be.ragged_matmul(quant(x, fmt, 1, amax_axes=amax_axes), quant_weight(w, fmt, amax_axes),
+                            group_sizes, backend)[:, : w.shape[2]]
 
 
-def _qragged_fwd(x, w, group_sizes, key, fmt, backend):
-    return _qragged(x, w, group_sizes, key, fmt, backend), (x, w, group_sizes, key)
+def _qragged_fwd(x, w, group_sizes, key, fmt, backend, amax_axes):
+    return _qragged(x, w, group_sizes, key, fmt, backend, amax_axes), (x, w, group_sizes, key)
 
 
-def _qragged_bwd(fmt, backend, res, dy):
+def _qragged_bwd(fmt, backend, amax_axes, res, dy):
     x, w, group_sizes, key = res
     k_dx, k_dw, k_rht = grad_keys(key, fmt)
     g, k, n = w.shape
-    dx = be.ragged_matmul(quant(dy, fmt, 1, key=k_dx), quant_weight_t(w, fmt), group_sizes, backend)[:, :k]
+    dx = be.ragged_matmul(quant(dy, fmt, 1, key=k_dx, amax_axes=amax_axes),
+                          quant_weight_t(w, fmt, amax_axes), group_sizes, backend)[:, :k]
     dest, padded, size = aligned_layout(group_sizes, x.shape[0], _block(fmt))
     qxt, qdy = weight_grad_operands(scatter_rows(x, dest, size), scatter_rows(dy, dest, size),
-                                    fmt, k_dw, k_rht, _block(fmt))
+                                    fmt, k_dw, k_rht, _block(fmt), amax_axes)
     dw = ragged_weight_grad(qxt, qdy, padded, g, k, n)
-    return dx.astype(x.dtype), dw.astype(w.dtype), None, None
+    return match_vma(dx.astype(x.dtype), x), match_vma(dw.astype(w.dtype), w), None, None
 
 
 _qragged.defvjp(_qragged_fwd, _qragged_bwd)
 
 
 def quantized_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array, fmt: str,
-                         key: jax.Array | None = None, *, backend: str = "auto") -> jax.Array:
+                         key: jax.Array | None = None, *, backend: str = "auto",
+                         amax_axes: tuple[str, ...] = ()) -> jax.Array:
     """Grouped x [M, K] @ w [G, K, N] -> [M, N] (dtype of x), same semantics as jax.lax.ragged_dot.
 
     Rows are consecutive per group (group_sizes [G] integers); rows past sum(group_sizes) give 0.
     fmt / key / backend as in quantized_matmul.
+    amax_axes: inside shard_map, the mesh axes that x, w and the gradients are split over; NVFP4
+    per-tensor scales are then reduced (max) over them so every shard quantizes with the scale of
+    the whole tensor, as the unsharded call would (expert parallelism). Ignored for mxfp8/bf16.
     """
     check_dot_format(fmt)
     be.resolve(backend)
@@ -84,4 +93,4 @@ def quantized_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array, fmt
     if fmt == "bf16":
         return grouped_matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), group_sizes,
                               preferred_element_type=jnp.float32).astype(x.dtype)
-    return _qragged(x, w, group_sizes.astype(jnp.int32), key, fmt, backend).astype(x.dtype)
+    return _qragged(x, w, group_sizes.astype(jnp.int32), key, fmt, backend, tuple(amax_axes)).astype(x.dtype)
