@@ -12,7 +12,7 @@ import json
 import pathlib
 
 from composer_jax import registry
-from composer_jax.config import Config, Precision
+from composer_jax.config import Config, Optimizer, Precision
 
 PRECISIONS = (Precision.BF16, Precision.MXFP8, Precision.NVFP4)
 
@@ -21,11 +21,15 @@ def _config() -> Config:
     from experiments.pretrain import _small
 
     cfg = _small()
+    # pinned to the settings of the committed result (AdamW, 8 x 256 tokens per step), whatever
+    # cpt_small's own optimizer and batch are
+    data = dataclasses.replace(cfg.data, global_batch_size=8)
     train = dataclasses.replace(cfg.train, steps=150, warmup_steps=15, eval_every=50,
-                                log_every=10, checkpoint_every=50)
+                                log_every=10, checkpoint_every=50, optimizer=Optimizer.ADAMW,
+                                lr=2e-3)
     # the last block (and MTP) stays BF16, as in the NVFP4 recipe
     model = dataclasses.replace(cfg.model, quant_bf16_last_blocks=1)
-    return dataclasses.replace(cfg, train=train, model=model)
+    return dataclasses.replace(cfg, data=data, train=train, model=model)
 
 
 def plot_gap(workdir: pathlib.Path, runs: dict[str, list[dict]]) -> pathlib.Path:
