@@ -4,7 +4,10 @@ cpt_debug  tiny model, a few hundred local files, CPU, minutes (CI uses it)
 cpt_small  the `small` config on the whole local corpus, ~25 minutes on 2 CPU cores
 cpt_32k    stage 1 of the recipe for kimi_k2_5: 32k-token sequences (a pod job; try --dry_run)
 cpt_256k   stage 2: YaRN long-context extension to 256k from a cpt_32k run (train.init_from)
-sft        a short SFT stage on chat-formatted samples, loss on assistant tokens only
+sft        a short SFT stage on chat-formatted samples, loss on assistant tokens only: the
+           environment oracle's episodes over a task pool's training tasks (data.sft_pool, else
+           env.pool_dir, else WORKDIR/pool -- where `env_generate --workdir=WORKDIR` writes it), or,
+           when there is no pool, docstring -> function chats from the corpus (data.sft_source)
 
 Hyper-parameters of cpt_32k / cpt_256k and their sources (Kimi K2 technical report,
 arXiv:2507.20534, sections 2-3; the Composer 2 CPT settings are not public):
@@ -25,7 +28,7 @@ import pathlib
 from composer_jax import registry
 from composer_jax.config import (Config, MTPLoss, Optimizer, RopeScaling,
                                  Schedule, TrainConfig, kimi_k2_5, small, tiny)
-from composer_jax.data.config import DataConfig
+from composer_jax.data.config import DataConfig, SftSource
 
 
 def _debug() -> Config:
@@ -76,10 +79,14 @@ def _cpt_256k() -> Config:
 
 
 def _sft() -> Config:
+    # The cpt_debug model and tokenizer (so `--set train.init_from=<a cpt_debug workdir>` works). An
+    # oracle transcript is ~2.3-3k tokens with its 1k vocabulary (the tool declarations alone are
+    # ~1.8k, untrained), so rows are 3072 long and hold one transcript each (or ~20 docstring chats).
     cfg = _debug()
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="sft"),
-                               train=dataclasses.replace(cfg.train, steps=120, lr=1e-3,
-                                                         warmup_steps=10))
+                               data=dataclasses.replace(cfg.data, seq_len=3072, global_batch_size=2),
+                               train=dataclasses.replace(cfg.train, steps=80, lr=1e-3, warmup_steps=8,
+                                                         eval_every=40, eval_batches=4))
 
 
 def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
@@ -101,12 +108,50 @@ def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
 
 
 def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:
+    import json
+
+    from composer_jax.config import to_dict
+    from composer_jax.data.sft import resolve_source
     from composer_jax.train.loop import train
 
-    print("SFT samples: docstring -> function chats from the local corpus (until the environment's "
-          "reference solutions are wired in)")
+    data = cfg.data
+    if data.sft_source != SftSource.DOCSTRINGS and not data.sft_pool:
+        data = dataclasses.replace(data, sft_pool=str(_default_pool(cfg, workdir)))
+    data, line = resolve_source(data)
+    print(line)
+    cfg = dataclasses.replace(cfg, data=data)
+    tmp = workdir / "config.json.tmp"  # record the resolved source, as launch.py writes it
+    tmp.write_text(json.dumps(to_dict(cfg), indent=2))
+    tmp.replace(workdir / "config.json")
+    if data.sft_source == SftSource.ENV_ORACLE:
+        _build_env_samples(cfg)
     last = train(cfg, workdir, kind="sft")
     print({k: round(v, 4) for k, v in last.items() if not k.startswith("_")})
+
+
+def _default_pool(cfg: Config, workdir: pathlib.Path) -> pathlib.Path:
+    """Where `sft` looks for a task pool when data.sft_pool is unset: env.pool_dir, else WORKDIR/pool
+    (where `env_generate --workdir=WORKDIR` writes it)."""
+    from experiments.env import pool_dir
+
+    return pool_dir(cfg, workdir)
+
+
+def _build_env_samples(cfg: Config) -> None:
+    """Runs the oracle episodes with the run's env config (cfg.env: sandbox, limits) into the sample
+    cache that the SFT iterator then reads, and says how many samples there are and how many fit."""
+    from composer_jax import data
+    from composer_jax.data import sft_env
+
+    corpus = data.build_or_load_corpus(cfg.data)
+    tokenizer = data.build_or_load_tokenizer(cfg.data, corpus, cfg.model.vocab_size)
+    store = sft_env.build_or_load_env_sft(cfg.data, tokenizer, cfg.env)
+    info = sft_env.store_info(store)
+    fits = int((store.lengths <= cfg.data.seq_len).sum())
+    print(f"{info.get('samples', store.num_docs)} oracle samples from {info.get('tasks', '?')} training tasks "
+          f"({info.get('skipped', 0)} episodes skipped); {fits} fit in data.seq_len={cfg.data.seq_len} "
+          f"(longest {int(store.lengths.max())} tokens; {info.get('trained_tokens', '?')} of "
+          f"{info.get('sample_tokens', '?')} tokens trained)")
 
 
 registry.register("cpt_debug", "tiny model, continued pretraining on a few hundred local files "

@@ -20,6 +20,20 @@ CACHE_ENV_VAR = "COMPOSER_JAX_CACHE"
 DEFAULT_CACHE_DIR = "~/.cache/composer_jax"
 
 
+class SftSource(str, enum.Enum):
+    """Where SFT samples come from (`composer_jax/data/sft.py`).
+
+    ENV_ORACLE: the scripted oracle agent's resolved episodes over the training tasks of an
+    environment task pool (`data.sft_pool`), in the policy's chat template with tool calls.
+    DOCSTRINGS: docstring -> function chats from the corpus's train split (no pool needed).
+    AUTO: ENV_ORACLE when `data.sft_pool` holds a task pool, else DOCSTRINGS (and says so).
+    """
+
+    AUTO = "auto"
+    ENV_ORACLE = "env_oracle"
+    DOCSTRINGS = "docstrings"
+
+
 class SplitPattern(str, enum.Enum):
     """The regex that splits text into pre-tokens before byte-level BPE.
 
@@ -40,6 +54,8 @@ class DataConfig:
     (0 = all; >0 keeps a deterministic subset, for debug configs), the filters and the dedup.
     Tokenizer: `tokenizer_path` ("" = train a byte-level BPE of `vocab_size` on the corpus).
     Pipeline: `seq_len` T, `global_batch_size` (split evenly over hosts), `shuffle_seed`.
+    SFT: `sft_source` (SftSource) and `sft_pool` (a task pool directory written by `env_generate`,
+    for ENV_ORACLE); the docstring source's filters `sft_min_docstring_chars`, `sft_max_function_lines`.
     """
 
     # --- corpus ---
@@ -75,7 +91,9 @@ class DataConfig:
     prefetch_buffer_size: int = 4
     num_workers: int = 0
     eval_max_batches: int = 0
-    # --- SFT samples (docstring -> function pairs) ---
+    # --- SFT samples (SftSource; sft_max_samples > 0: the first N docstring samples / training tasks) ---
+    sft_source: SftSource = SftSource.AUTO
+    sft_pool: str = ""
     sft_max_samples: int = 0
     sft_min_docstring_chars: int = 24
     sft_max_function_lines: int = 60
@@ -86,6 +104,13 @@ class DataConfig:
             if self.split_pattern not in valid:
                 raise ConfigError(f"data.split_pattern={self.split_pattern!r}: valid values are {valid}")
             object.__setattr__(self, "split_pattern", SplitPattern(self.split_pattern))
+        if not isinstance(self.sft_source, SftSource):
+            valid = [s.value for s in SftSource]
+            if self.sft_source not in valid:
+                raise ConfigError(f"data.sft_source={self.sft_source!r}: valid values are {valid}")
+            object.__setattr__(self, "sft_source", SftSource(self.sft_source))
+        if not isinstance(self.sft_pool, str):
+            raise ConfigError(f"data.sft_pool={self.sft_pool!r}: must be a directory path (\"\" = none)")
         if not isinstance(self.source_roots, tuple) or not all(isinstance(r, str) for r in self.source_roots):
             raise ConfigError(f"data.source_roots={self.source_roots!r}: must be a tuple of directory paths")
         for name, minimum in _INT_MINIMUMS.items():

@@ -29,7 +29,8 @@ def make_train_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_inde
 
 def make_sft_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_index: int, process_count: int,
                       start_state: dict | None = None, *, corpus: Corpus | None = None) -> pipeline.DataIterator:
-    """Infinite SFT batches (docstring -> function chats; loss only on assistant tokens)."""
+    """Infinite SFT batches (`data.sft_source`: oracle transcripts or docstring -> function chats);
+    the loss mask covers assistant tokens only."""
     corpus = corpus or build_or_load_corpus(cfg)
     store = build_or_load_sft(cfg, corpus, tokenizer)
     layout = packing.BinLayout(store.lengths, cfg.seq_len, cfg.shuffle_seed)

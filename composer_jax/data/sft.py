@@ -1,6 +1,11 @@
-"""SFT samples from the corpus: docstring -> function pairs, chat-formatted.
+"""SFT samples: the source dispatch (`data.sft_source`) and the docstring -> function source.
 
-For every function or method in the train split that has a docstring of at least
+Sources (`config.SftSource`): ENV_ORACLE -- the environment oracle's resolved episodes over a task
+pool's training tasks (`sft_env.py`); DOCSTRINGS -- below; AUTO -- ENV_ORACLE when `data.sft_pool`
+holds a task pool, else DOCSTRINGS, with a line saying which (`resolve_source`). Both are rendered
+by `chat.py` in the policy's chat template, with the loss on assistant tokens only.
+
+Docstring source: for every function or method in the train split that has a docstring of at least
 `sft_min_docstring_chars`, a body beyond the docstring, and at most `sft_max_function_lines` lines,
 the user asks for the function by signature and docstring and the assistant answers with its source
 (decorators included, dedented). Samples are deduplicated by answer text and kept in corpus order;
@@ -11,6 +16,7 @@ the user asks for the function by signature and docstring and the assistant answ
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import textwrap
@@ -18,9 +24,9 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from composer_jax.data import chat, corpus_scan, shards
+from composer_jax.data import chat, corpus_scan, sft_env, shards
 from composer_jax.data.cache import build_once, stable_hash
-from composer_jax.data.config import DataConfig, resolved_cache_dir
+from composer_jax.data.config import DataConfig, SftSource, resolved_cache_dir
 from composer_jax.data.errors import DataError
 
 SYSTEM_PROMPT = "You are a careful Python programmer. Answer with the requested code only."
@@ -59,9 +65,42 @@ def sample_messages(sample: dict[str, str]) -> list[dict[str, str]]:
             {"role": "assistant", "content": sample["code"]}]
 
 
-def build_or_load_sft(cfg: DataConfig, corpus, tokenizer) -> shards.TokenStore:
-    """The tokenized SFT samples (a TokenStore named "sft" with a trainable mask)."""
-    key = stable_hash({"corpus": corpus.fingerprint, "tokenizer": tokenizer.fingerprint, "v": 1,
+def resolve_source(cfg: DataConfig) -> tuple[DataConfig, str]:
+    """`(cfg with a concrete sft_source, a line saying which source and why)`. AUTO becomes
+    ENV_ORACLE when `cfg.sft_pool` holds a task pool with training tasks, else DOCSTRINGS; an
+    explicit ENV_ORACLE with an unusable pool raises `sft_env.pool_error`'s DataError."""
+    source = cfg.sft_source
+    if source == SftSource.AUTO:
+        problem = sft_env.pool_problem(cfg.sft_pool) if cfg.sft_pool else "no task pool given (data.sft_pool)"
+        if problem is None:
+            source = SftSource.ENV_ORACLE
+        else:
+            why = f"{cfg.sft_pool}: {problem}" if cfg.sft_pool else problem
+            return (dataclasses.replace(cfg, sft_source=SftSource.DOCSTRINGS),
+                    f"SFT samples: docstring -> function chats from the local corpus ({why}; build one with "
+                    "`python launch.py --experiment=env_generate --workdir=W` and pass --set data.sft_pool=W/pool)")
+    if source == SftSource.ENV_ORACLE:
+        sft_env.pool_manifest(cfg.sft_pool)
+        return (dataclasses.replace(cfg, sft_source=source),
+                f"SFT samples: the environment oracle's resolved episodes over the training tasks of {cfg.sft_pool}")
+    return cfg, "SFT samples: docstring -> function chats from the local corpus (data.sft_source=docstrings)"
+
+
+def build_or_load_sft(cfg: DataConfig, corpus, tokenizer, env_cfg=None) -> shards.TokenStore:
+    """The tokenized SFT samples of `cfg.sft_source` (a TokenStore named "sft" with a trainable
+    mask). AUTO is resolved here and the choice printed; `env_cfg` runs the oracle episodes."""
+    resolved, line = resolve_source(cfg)
+    if cfg.sft_source == SftSource.AUTO:
+        print(line)
+    if resolved.sft_source == SftSource.ENV_ORACLE:
+        return sft_env.build_or_load_env_sft(resolved, tokenizer, env_cfg)
+    return build_or_load_docstring_sft(resolved, corpus, tokenizer)
+
+
+def build_or_load_docstring_sft(cfg: DataConfig, corpus, tokenizer) -> shards.TokenStore:
+    """The tokenized docstring -> function samples (a TokenStore named "sft" with a trainable mask)."""
+    key = stable_hash({"corpus": corpus.fingerprint, "tokenizer": tokenizer.fingerprint, "v": 2,
+                       "template": chat.template_fingerprint(),
                        "settings": [cfg.sft_max_samples, cfg.sft_min_docstring_chars, cfg.sft_max_function_lines]})
 
     def build(out: Path) -> None:

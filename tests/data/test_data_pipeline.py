@@ -115,13 +115,15 @@ def test_sft_loss_only_on_assistant_tokens(small_data):
         for s in set(seg.tolist()) - {0}:
             where = np.flatnonzero(seg == s)
             tokens = batch["tokens"][b, where]
-            assert tokens[0] == tok.special.bos and tokens[-1] == tok.special.eos
-            start = int(np.flatnonzero(tokens == ids[st.ASSISTANT])[-1])  # role token of the answer
+            assert tokens[0] == tok.special.bos and tokens[-1] == ids[st.IM_END]
+            # the answer's header is <|im_assistant|>assistant<|im_middle|>; the token predicting the
+            # first answer token is that <|im_middle|>
+            start = int(np.flatnonzero(tokens == ids[st.IM_MIDDLE])[-1])
             trained = batch["loss_mask"][b, where] > 0
-            # a target is trained iff it is an assistant-content token or the closing end-of-turn
-            np.testing.assert_array_equal(np.flatnonzero(trained), np.arange(start, len(where) - 2))
+            # a target is trained iff it is an assistant-content token or the closing <|im_end|>
+            np.testing.assert_array_equal(np.flatnonzero(trained), np.arange(start, len(where) - 1))
             answer = tok.decode(batch["targets"][b, where][trained])
-            assert answer.endswith(st.END_OF_TURN) and answer.lstrip().startswith(("def ", "async def", "@"))
+            assert answer.endswith(st.IM_END) and answer.lstrip().startswith(("def ", "async def", "@"))
             checked += 1
     assert checked > 0
 

@@ -9,6 +9,7 @@ import pytest
 from composer_jax.data import special_tokens as st
 from composer_jax.data.chat import encode_messages, render_messages
 from composer_jax.data.sft import function_samples, sample_messages
+from composer_jax.env import protocol
 
 SOURCE = textwrap.dedent('''\
     import functools
@@ -58,9 +59,11 @@ def test_chat_encoding_marks_only_assistant_tokens(small_data):
     ids, trainable = encode_messages(tok, messages)
     assert len(ids) == len(trainable)
     trained = tok.decode([i for i, t in zip(ids, trainable) if t])
-    assert trained == sample["code"] + st.END_OF_TURN
+    assert trained == sample["code"] + st.IM_END
     untrained = tok.decode([i for i, t in zip(ids, trainable) if not t])
-    assert untrained.startswith(st.BOS + st.SYSTEM) and untrained.endswith(st.ASSISTANT + st.EOS)
+    assert untrained.startswith(st.BOS + st.IM_SYSTEM + "system" + st.IM_MIDDLE)
+    assert untrained.endswith(st.IM_ASSISTANT + "assistant" + st.IM_MIDDLE)
     assert tok.decode(ids) == "".join(text for text, _ in render_messages(messages))
-    with pytest.raises(ValueError, match="unknown chat role"):
+    assert tok.decode(ids) == st.BOS + protocol.render_prompt(messages, add_generation_prompt=False)
+    with pytest.raises(ValueError, match="unknown role"):
         render_messages([{"role": "robot", "content": "x"}])

@@ -148,7 +148,7 @@ def test_load_tiktoken_file_appends_special_tokens(small_data, tmp_path):
     loaded = load_tokenizer(tmp_path / "tiktoken.model", SplitPattern.KIMI)
     assert loaded.vocab_size == len(ranks) + len(st.ALL_SPECIAL_TOKENS)
     assert loaded.special.pad == len(ranks)
-    text = corpus.text("train", 1) + st.END_OF_TURN
+    text = corpus.text("train", 1) + st.IM_END
     ids = loaded.encode(text)
-    assert loaded.decode(ids) == text and ids[-1] == loaded.special.by_token[st.END_OF_TURN]
+    assert loaded.decode(ids) == text and ids[-1] == loaded.special.by_token[st.IM_END]
     assert max(ids[:-1]) < len(ranks)

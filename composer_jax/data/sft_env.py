@@ -1,0 +1,176 @@
+"""SFT samples from the environment: the oracle agent's resolved episodes, in the policy's template.
+
+For each training task of a task pool (`env_generate` writes one; tasks whose `split` is not "train"
+-- evaluation tasks from held-out modules -- are never used), the scripted oracle agent
+(`env.agents.OracleAgent`) applies the reference fix through the tools in a sandboxed workspace
+(`env.episode.run_episode`: bubblewrap, or the fallback with its loud warning). A resolved episode
+that ended with `finish` and made no invalid call becomes one sample: tool declarations, system
+prompt, the user's problem statement, the assistant turns with their tool calls, the tool results
+and the final `finish` call, rendered and masked by `composer_jax.data.chat` (loss on the assistant
+bodies only). Other episodes are skipped and counted.
+
+Samples are cached like the docstring ones (`<cache>/sft_env/<key>/`, one TokenStore "sft" with a
+trainable mask, plus `info.json` with the counts), keyed by the pool's manifest, the tokenizer, the
+tool declarations, the chat template and `sft_max_samples` (> 0: only the first that many training
+tasks), so the episodes run once per pool and tokenizer. The environment settings (sandbox, limits)
+shape only tool-output text and are not part of the key.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from composer_jax.data import chat, shards
+from composer_jax.data.cache import build_once, stable_hash
+from composer_jax.data.config import DataConfig, resolved_cache_dir
+from composer_jax.data.errors import DataError
+
+TRAIN_SPLIT = "train"
+MANIFEST = "manifest.json"
+
+
+def pool_error(path: str | Path, why: str) -> DataError:
+    """The error for an unusable `data.sft_pool`, with the two ways forward."""
+    return DataError(f"data.sft_pool={str(path)!r}: {why}. Build a task pool with `python launch.py "
+                     "--experiment=env_generate --workdir=W` (it writes W/pool) and pass --set "
+                     "data.sft_pool=W/pool, or use --set data.sft_source=docstrings.")
+
+
+def pool_manifest(path: str | Path) -> dict:
+    """The manifest of the task pool at `path`; a DataError (see `pool_error`) when it is unusable."""
+    manifest, why = _read_pool(path)
+    if manifest is None:
+        raise pool_error(path, why)
+    return manifest
+
+
+def pool_problem(path: str | Path) -> str | None:
+    """Why `path` is not a usable task pool (with training tasks), or None when it is one."""
+    return _read_pool(path)[1] or None
+
+
+def _read_pool(path: str | Path) -> tuple[dict | None, str]:
+    """`(manifest, "")` for a task pool with training tasks, else `(None, why not)`; never creates
+    anything (TaskPool would create the directory)."""
+    if not str(path):
+        return None, "no task pool given for data.sft_source=env_oracle"
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        return None, "no such directory"
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None, f"not a task pool (no {MANIFEST})"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"unreadable {MANIFEST}: {e}"
+    tasks = manifest.get("tasks") if isinstance(manifest, dict) else None
+    if not isinstance(tasks, list) or not tasks:
+        return None, "the pool holds no tasks"
+    if not any(isinstance(t, dict) and t.get("split") == TRAIN_SPLIT for t in tasks):
+        return None, "the pool holds only evaluation tasks (held-out modules are never trained on)"
+    return manifest, ""
+
+
+def episode_messages(episode) -> list[dict] | None:
+    """The conversation of an episode worth imitating, or None: it must be resolved, stop on
+    `finish` and have no invalid call. Tool results after the last assistant turn (the `finish`
+    echo) carry no training signal and are dropped."""
+    if not episode.grade.resolved or episode.stop_reason != "finish" or episode.num_invalid_calls:
+        return None
+    messages = [dict(m) for m in episode.messages]
+    while messages and messages[-1]["role"] != "assistant":
+        messages.pop()
+    return messages or None
+
+
+def episode_sample(tokenizer, episode, tools: Sequence[dict]) -> tuple[list[int], list[int]] | None:
+    """`(ids, trainable)` of one episode (see `episode_messages`), or None when it is skipped."""
+    messages = episode_messages(episode)
+    return None if messages is None else chat.encode_messages(tokenizer, messages, tools)
+
+
+def oracle_episodes(pool_dir: str | Path, env_cfg=None, workers: int = 1, limit: int = 0, progress: bool = False):
+    """`(task, episode)` for the first `limit` (0 = all) training tasks of the pool, in task-id order,
+    each episode the oracle agent's run of the task (threads run `workers` episodes at once). An
+    episode that raised comes back as its exception, so one broken task cannot stop the others."""
+    from composer_jax.env.agents import OracleAgent
+    from composer_jax.env.config import EnvConfig
+    from composer_jax.env.episode import run_episode
+    from composer_jax.env.tasks.pool import TaskPool
+
+    pool_manifest(pool_dir)
+    env_cfg = env_cfg or EnvConfig(use_embeddings=False)
+    pool = TaskPool(Path(pool_dir).expanduser())
+    tasks = [t for t in pool.tasks() if t.split == TRAIN_SPLIT]
+    tasks = tasks[:limit] if limit else tasks
+
+    def run(task):
+        task_dir = pool.task_dir(task.task_id)
+        try:
+            return run_episode(OracleAgent(task, task_dir), task, task_dir, env_cfg)
+        except Exception as e:  # noqa: BLE001 -- reported per task by the caller
+            return e
+
+    with cf.ThreadPoolExecutor(max(1, workers)) as ex:
+        runs = ex.map(run, tasks)
+        yield from tqdm(zip(tasks, runs), total=len(tasks), desc="sft oracle episodes", disable=not progress)
+
+
+def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None) -> shards.TokenStore:
+    """The tokenized oracle samples of `cfg.sft_pool` (a TokenStore "sft" with a trainable mask).
+    `env_cfg` (an `EnvConfig`; default: the environment defaults without embeddings) runs the
+    episodes; `info.json` next to the store counts tasks, samples and skipped episodes."""
+    from composer_jax.env.tools import TOOL_SPECS
+
+    manifest_bytes = json.dumps(pool_manifest(cfg.sft_pool), sort_keys=True).encode("utf-8")
+    key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
+                       "tools": TOOL_SPECS, "template": chat.template_fingerprint(),
+                       "max_samples": cfg.sft_max_samples, "v": 1})
+
+    def build(out: Path) -> None:
+        counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0}
+        skipped: list[str] = []
+
+        def docs():
+            workers = cfg.build_workers or 2
+            for task, episode in oracle_episodes(cfg.sft_pool, env_cfg, workers, cfg.sft_max_samples, cfg.progress):
+                counts["tasks"] += 1
+                sample = None if isinstance(episode, Exception) else episode_sample(tokenizer, episode, TOOL_SPECS)
+                if sample is None:
+                    counts["skipped"] += 1
+                    skipped.append(f"{task.task_id} ({_why_skipped(episode)})")
+                    continue
+                counts["samples"] += 1
+                counts["sample_tokens"] += len(sample[0])
+                counts["trained_tokens"] += sum(sample[1])
+                yield sample
+
+        shards.write_store(out, "sft", docs(), shards.token_dtype(tokenizer.vocab_size))
+        if counts["samples"] == 0:
+            raise DataError(f"no resolved oracle episode in the {counts['tasks']} training tasks of "
+                            f"{cfg.sft_pool}; skipped: {skipped[:5]}")
+        (out / "info.json").write_text(json.dumps({
+            "dtype": shards.token_dtype(tokenizer.vocab_size).name, "key": key,
+            "pool": str(Path(cfg.sft_pool).expanduser().resolve()), **counts, "skipped_tasks": skipped}))
+
+    directory, _ = build_once(resolved_cache_dir(cfg), "sft_env", key, build)
+    return shards.TokenStore(directory, "sft")
+
+
+def _why_skipped(episode) -> str:
+    if isinstance(episode, Exception):
+        return f"error: {type(episode).__name__}: {episode}"[:300]
+    return (f"stop={episode.stop_reason}, resolved={bool(episode.grade.resolved)}, "
+            f"invalid_calls={episode.num_invalid_calls}")
+
+
+def store_info(store: shards.TokenStore) -> dict:
+    """The counts written next to a store by its builder (`{}` when there are none)."""
+    path = Path(store.directory) / "info.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

@@ -1,0 +1,224 @@
+"""SFT samples from the environment: protocol markers as special tokens, the assistant-only mask of a
+rendered oracle transcript, skipped episodes, the env_oracle source end to end, bad pool paths."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+
+import numpy as np
+import pytest
+
+from composer_jax.data import chat, sft_env
+from composer_jax.data import special_tokens as st
+from composer_jax.data.config import SftSource
+from composer_jax.data.errors import DataError
+from composer_jax.data.loaders import make_sft_iterator
+from composer_jax.data.sft import build_or_load_sft, resolve_source
+from composer_jax.env import protocol
+from composer_jax.env.tools import TOOL_SPECS
+
+GOOD = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+BAD = GOOD.replace("return a + b", "return a - b")
+TESTS = ("import unittest\nimport mod\n\n\nclass T(unittest.TestCase):\n"
+         "    def test_add(self):\n        self.assertEqual(mod.add(2, 3), 5)\n\n"
+         "    def test_sub(self):\n        self.assertEqual(mod.sub(5, 3), 2)\n")
+
+
+def _transcript() -> list[dict]:
+    """An oracle-like conversation: two tool-call turns with results, then `finish` and its echo."""
+    def call(name, args, index):
+        return {"call_id": protocol.call_id(name, index), "name": name, "arguments": args, "raw": "",
+                "error": None}
+    return [
+        {"role": "system", "content": protocol.SYSTEM_PROMPT},
+        {"role": "user", "content": "test_add fails; fix mod.py"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            call("search_replace", {"file_path": "mod.py", "old_string": "a - b\n\n\ndef sub",
+                                    "new_string": "a + b\n\n\ndef sub"}, 0)]},
+        {"role": "tool", "tool_call_id": "functions.search_replace:0", "content": "Edited mod.py"},
+        {"role": "assistant", "content": "Now the tests.", "tool_calls": [
+            call("run_terminal_cmd", {"command": "python -m unittest -q test_mod"}, 1)]},
+        {"role": "tool", "tool_call_id": "functions.run_terminal_cmd:1", "content": "OK\n[exit code 0]"},
+        {"role": "assistant", "content": "", "tool_calls": [call("finish", {"message": "Fixed."}, 2)]},
+    ]
+
+
+def _assistant_bodies(messages) -> list[str]:
+    """What the policy generates for each assistant turn: content + tool-call section + <|im_end|>."""
+    return [protocol.render_assistant(m["content"], [(c["name"], c["arguments"]) for c in m["tool_calls"]],
+                                      first_index=int(m["tool_calls"][0]["call_id"].rsplit(":", 1)[1]))
+            + protocol.IM_END for m in messages if m["role"] == "assistant"]
+
+
+def _trained_runs(ids, trainable) -> list[list[int]]:
+    """The maximal runs of consecutive trainable ids."""
+    mask = np.asarray(trainable)
+    edges = np.flatnonzero(np.diff(np.r_[0, mask, 0]))
+    return [list(ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def test_protocol_markers_are_single_reserved_ids(small_data):
+    _, _, tok = small_data
+    for marker in protocol.SPECIAL_TOKENS:
+        assert marker in st.ALL_SPECIAL_TOKENS
+        assert tok.encode(marker) == [tok.special.by_token[marker]]
+        assert tok.decode(tok.encode(f"x{marker}y")) == f"x{marker}y"
+    assert st.ALL_SPECIAL_TOKENS[:3] == (st.PAD, st.BOS, st.EOS)  # ids 0..2 never move
+
+
+def test_mask_covers_exactly_the_assistant_turns(small_data):
+    _, _, tok = small_data
+    messages = _transcript()
+    ids, trainable = chat.encode_messages(tok, messages, TOOL_SPECS)
+    assert len(ids) == len(trainable)
+    full = st.BOS + protocol.render_prompt(messages, TOOL_SPECS, add_generation_prompt=False)
+    assert tok.decode(ids) == full
+    assert ids == tok.encode(full)  # piecewise encoding equals encoding the whole text
+    runs = _trained_runs(ids, trainable)
+    assert [tok.decode(r) for r in runs] == _assistant_bodies(messages)
+    untrained = tok.decode([i for i, t in zip(ids, trainable) if not t])
+    expected = full
+    for body in _assistant_bodies(messages):
+        expected = expected.replace(body, "", 1)
+    assert untrained == expected
+    for marker in (protocol.TOOL_CALLS_BEGIN, protocol.TOOL_CALL_BEGIN, protocol.TOOL_CALL_END):
+        assert untrained.count(marker) == 0  # every tool call is trained
+    assert protocol.SYSTEM_PROMPT in untrained and "test_add fails" in untrained and "[exit code 0]" in untrained
+    assert untrained.count(chat.ASSISTANT_HEADER) == 3  # headers are the generation prompt, untrained
+    # the prefix before each trained run is exactly the policy's prompt at that turn
+    starts = np.flatnonzero(np.diff(np.r_[0, trainable]) == 1)
+    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    for start, k in zip(starts, turns):
+        assert ids[:start] == chat.encode_prompt(tok, messages[:k], TOOL_SPECS)
+
+
+def _episode(resolved=True, stop="finish", invalid=0):
+    return types.SimpleNamespace(grade=types.SimpleNamespace(resolved=resolved), stop_reason=stop,
+                                 num_invalid_calls=invalid, messages=_transcript() + [
+                                     {"role": "tool", "tool_call_id": "functions.finish:2", "content": "Fixed."}])
+
+
+def test_unresolved_or_unfinished_episodes_are_skipped(small_data):
+    _, _, tok = small_data
+    messages = sft_env.episode_messages(_episode())
+    assert messages == _transcript()  # the trailing finish echo is dropped
+    assert sft_env.episode_sample(tok, _episode(), TOOL_SPECS) == chat.encode_messages(tok, messages, TOOL_SPECS)
+    for bad in (_episode(resolved=False), _episode(stop="max_turns"), _episode(invalid=1)):
+        assert sft_env.episode_messages(bad) is None
+        assert sft_env.episode_sample(tok, bad, TOOL_SPECS) is None
+
+
+# --- a tiny task pool: one fixable training task, one whose "reference" does not fix the bug, one
+# evaluation task (never used for training) ---
+
+def _pool(root):
+    from composer_jax.env.pythons import find_pythons
+    from composer_jax.env.tasks.pool import TaskPool
+    from composer_jax.env.tasks.task import Task, unified_patch
+
+    version = max(find_pythons(), key=lambda v: tuple(map(int, v.split("."))))
+    pool = TaskPool(root)
+    not_a_fix = BAD.replace("a - b\n\n\n", "a - b  # unchanged\n\n\n")
+    for task_id, split, fixed in (("a-good", "train", GOOD), ("b-nofix", "train", not_a_fix),
+                                  ("c-eval", "eval", GOOD)):
+        patch, n = unified_patch({"mod.py": BAD}, {"mod.py": fixed})
+        task = Task(task_id, "bug", split, version, "mod", "test_add fails; fix mod.py",
+                    ("test_mod.T.test_add",), ("test_mod.T.test_sub",), ("mod.py",), ("test_mod.py",),
+                    patch, n, version, version)
+        pool.add(task, {"mod.py": BAD, "test_mod.py": TESTS}, {"mod.py": fixed})
+    return version
+
+
+@pytest.fixture(scope="module")
+def tiny_pool(tmp_path_factory):
+    from composer_jax.env.sandbox import bwrap_works
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not usable here")
+    root = tmp_path_factory.mktemp("sftpool") / "pool"
+    _pool(root)
+    return root
+
+
+def test_env_oracle_source_end_to_end(small_data, tiny_pool):
+    from composer_jax.env.config import EnvConfig
+
+    cfg, corpus, tok = small_data
+    cfg = dataclasses.replace(cfg, sft_source=SftSource.ENV_ORACLE, sft_pool=str(tiny_pool), seq_len=4096,
+                              global_batch_size=1)
+    env_cfg = EnvConfig(command_timeout_s=10.0, use_embeddings=False)
+    store = build_or_load_sft(cfg, corpus, tok, env_cfg)
+    info = sft_env.store_info(store)
+    assert (info["tasks"], info["samples"], info["skipped"]) == (2, 1, 1)  # the eval task is never run
+    assert info["skipped_tasks"][0].startswith("b-nofix")
+    ids, trainable = store.doc(0).tolist(), store.trainable(0).tolist()
+    bodies = [tok.decode(r) for r in _trained_runs(ids, trainable)]
+    assert [b.split(protocol.TOOL_CALL_ARG_BEGIN)[0] for b in bodies] == [
+        protocol.TOOL_CALLS_BEGIN + protocol.TOOL_CALL_BEGIN + protocol.call_id(name, i)
+        for i, name in enumerate(("search_replace", "run_terminal_cmd", "finish"))]
+    assert all(b.endswith(protocol.TOOL_CALLS_END + protocol.IM_END) for b in bodies)
+    text = tok.decode(ids)
+    assert text.startswith(st.BOS + protocol.IM_SYSTEM + "tool_declare") and "test_add fails" in text
+    # cached: a second call builds nothing (no episodes run) and returns the same store
+    assert build_or_load_sft(cfg, corpus, tok).directory == store.directory
+    # the iterator trains exactly on the assistant bodies
+    batch = next(make_sft_iterator(cfg, tok, 1, 0, 1, corpus=corpus))
+    mask = batch["loss_mask"][0] > 0
+    assert tok.decode(batch["targets"][0][mask]) == "".join(bodies)
+
+
+def test_oracle_text_is_what_the_sample_trains(small_data, tiny_pool):
+    """The trained text of each assistant turn is exactly what the agent emitted, plus <|im_end|>."""
+    from composer_jax.env.agents import OracleAgent
+    from composer_jax.env.config import EnvConfig
+    from composer_jax.env.episode import run_episode
+    from composer_jax.env.tasks.pool import TaskPool
+
+    _, _, tok = small_data
+    pool = TaskPool(tiny_pool)
+    task = next(t for t in pool.tasks() if t.task_id == "a-good")
+    oracle, emitted = OracleAgent(task, pool.task_dir(task.task_id)), []
+
+    def recording(messages):
+        emitted.append(oracle(messages))
+        return emitted[-1]
+
+    episode = run_episode(recording, task, pool.task_dir(task.task_id), EnvConfig(use_embeddings=False))
+    ids, trainable = sft_env.episode_sample(tok, episode, TOOL_SPECS)
+    assert [tok.decode(r) for r in _trained_runs(ids, trainable)] == [e + protocol.IM_END for e in emitted]
+
+
+def test_bad_pool_paths_give_a_clear_error(small_data, tmp_path):
+    cfg, corpus, tok = small_data
+    (tmp_path / "empty").mkdir()
+    evals = tmp_path / "evalpool"
+    evals.mkdir()
+    (evals / "manifest.json").write_text(json.dumps({"num_tasks": 1, "tasks": [{"task_id": "x", "split": "eval"}]}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "manifest.json").write_text("{not json")
+    cases = {"": "no task pool given", str(tmp_path / "missing"): "no such directory",
+             str(tmp_path / "empty"): "no manifest.json", str(evals): "only evaluation tasks",
+             str(tmp_path / "broken"): "unreadable manifest.json"}
+    for path, why in cases.items():
+        bad = dataclasses.replace(cfg, sft_source="env_oracle", sft_pool=path)
+        for call in (lambda: resolve_source(bad), lambda: build_or_load_sft(bad, corpus, tok)):
+            with pytest.raises(DataError, match=why) as err:
+                call()
+            assert "--experiment=env_generate --workdir=W" in str(err.value)
+            assert "--set data.sft_source=docstrings" in str(err.value)
+    assert not (tmp_path / "missing").exists()  # checking a path never creates it
+
+
+def test_auto_source_picks_a_pool_else_docstrings(small_data, tiny_pool, tmp_path):
+    cfg, _, _ = small_data
+    for pool, why in (("", "no task pool given"), (str(tmp_path / "missing"), "missing: no such directory"),
+                      (str(tmp_path), "no manifest.json")):
+        resolved, line = resolve_source(dataclasses.replace(cfg, sft_source="auto", sft_pool=pool))
+        assert resolved.sft_source == SftSource.DOCSTRINGS and "docstring -> function" in line
+        assert why in line and "env_generate" in line
+    resolved, line = resolve_source(dataclasses.replace(cfg, sft_source="auto", sft_pool=str(tiny_pool)))
+    assert resolved.sft_source == SftSource.ENV_ORACLE and "oracle" in line
+    resolved, _ = resolve_source(dataclasses.replace(cfg, sft_source="docstrings", sft_pool=str(tiny_pool)))
+    assert resolved.sft_source == SftSource.DOCSTRINGS
