@@ -6,21 +6,29 @@ kv: x @ wkv_a gives a compressed latent c (kv_lora) and ONE rotary key k_pe (qk_
 all heads; RMSNorm(c) @ wkv_b gives per-head k_nope and v. Softmax scale is
 qk_head_dim^-1/2 times the YaRN multiplier (rope.softmax_scale_multiplier).
 
-Shape glossary: B batch, T query tokens, S key tokens, H heads, C kv_lora rank, R rope dims,
-N qk_nope dims, Dv v_head dim, D model dim.
+Long key ranges (S > model.attention_kv_block) use `flash_attention`: exact, blocked over keys,
+with a custom VJP that saves only the output and the log-sum-exp, and for MLA it expands the latent
+into per-head K/V one key block at a time (`mla_kv`), so [S, H, Dk] keys never exist. Under context
+parallelism the default all-gathers only the latent and the shared rope key inside `jax.shard_map`
+(`allgather_latent_attention`); the ring (parallel/ring_attention.py) passes expanded K/V instead.
+
+Shape glossary: B batch, T query tokens, S key tokens, s keys per block, H heads, C kv_lora rank,
+R rope dims, N qk_nope dims, Dv v_head dim, D model dim.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from composer_jax.config import ModelConfig
 from composer_jax.model import rope as rope_lib
 from composer_jax.model.layers import Ctx, RMSNorm, linear, make_param
-from composer_jax.parallel.ring_attention import online_softmax_block, ring_attention
+from composer_jax.parallel.ring_attention import ring_attention
 from composer_jax.parallel.sharding import CPAttention, current, shard
 
 
@@ -53,38 +61,227 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
 LATENT_NORM_EPS = 1e-6
 
 
+def _pad_blocks(x, nk: int, kv_block: int, value=0):
+    """[B, S, ...] -> [nk, B, kv_block, ...] (S padded to nk * kv_block with `value`)."""
+    b, s_len = x.shape[:2]
+    pad = nk * kv_block - s_len
+    if pad:
+        x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), constant_values=value)
+    return jnp.moveaxis(x.reshape((b, nk, kv_block) + x.shape[2:]), 1, 0)
+
+
+def _unblock(xb, s_len: int):
+    """[nk, B, kv_block, ...] -> [B, S, ...] (padding dropped)."""
+    x = jnp.moveaxis(xb, 0, 1)
+    return x.reshape((x.shape[0], -1) + x.shape[3:])[:, :s_len]
+
+
+def identity_kv(params, k, v):
+    """`make_kv` for keys and values given directly (no expansion)."""
+    del params
+    return k, v
+
+
+_NEG = -1e30
+
+
+def _scores(q, k, mask, scale):
+    """Masked float32 scores [B,H,T,s] of q [B,T,H,Dk] against one key block k [B,s,H,Dk]."""
+    s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
+    return jnp.where(mask[:, None], s, _NEG)
+
+
+def _varying(a) -> set:
+    """Manual mesh axes (inside `jax.shard_map`) along which `a` may differ; empty elsewhere."""
+    return set(getattr(getattr(jax.typeof(a), "mat", None), "varying", ()))
+
+
+def _vary_like(tree, *refs):
+    """`tree` made varying over every manual mesh axis any of `refs` varies over: inside
+    `jax.shard_map` a scan's initial carry must have its outputs' type (a no-op elsewhere)."""
+    want = set()
+    for r in jax.tree.leaves(refs):
+        want |= _varying(r)
+
+    def one(a):
+        missing = tuple(sorted(want - _varying(a)))
+        return jax.lax.pcast(a, missing, to="varying") if missing else a
+    return jax.tree.map(one, tree)
+
+
+def _sum_like(cotangents, primals):
+    """Each cotangent psum-med over the manual axes it varies over and its primal does not (the
+    gradient of a weight replicated across shards is the sum of every shard's part)."""
+    def one(g, a):
+        extra = tuple(sorted(_varying(g) - _varying(a)))
+        return jax.lax.psum(g, extra) if extra else g
+    return jax.tree.map(one, cotangents, primals)
+
+
+def _block_mask(q, q_seg, kv_seg, q_idx, kv_idx):
+    """attention_mask of one key block, tied to q by an optimization barrier: the mask depends
+    only on integer inputs, and without the tie partial evaluation (remat, linearize) would
+    hoist every block's head-broadcast mask out of the loop and keep them all ([nk,B,H,T,s])."""
+    _, q_seg, kv_seg, q_idx, kv_idx = jax.lax.optimization_barrier(
+        (q, q_seg, kv_seg, q_idx, kv_idx))
+    return attention_mask(q_seg, kv_seg, q_idx, kv_idx)
+
+
+def _flash_forward(q, kv, params, q_seg, kv_seg, q_idx, kv_idx, make_kv, scale, kv_block):
+    """Online-softmax forward over key blocks -> (out [B,T,H,Dv] in v's dtype, lse [B,H,T])."""
+    s_len = kv[0].shape[1]
+    nk = -(-s_len // kv_block)
+    xs = (tuple(_pad_blocks(a, nk, kv_block) for a in kv), _pad_blocks(kv_seg, nk, kv_block, -1),
+          _pad_blocks(kv_idx, nk, kv_block))
+    b, t, h = q.shape[:3]
+
+    def step(carry, x):
+        o, m, l = carry
+        kv_b, seg_b, idx_b = x
+        k, v = make_kv(params, *kv_b)
+        mask = _block_mask(q, q_seg, seg_b, q_idx, idx_b)
+        s = _scores(q, k, mask, scale)
+        m_new = jnp.maximum(m, s.max(-1))                                 # [B,H,T]
+        p = jnp.where(mask[:, None], jnp.exp(s - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        l = l * corr + p.sum(-1)
+        pv = jnp.einsum("bhts,bshd->bthd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        o = o * jnp.moveaxis(corr, 1, 2)[..., None] + pv
+        return (o, m_new, l), None
+
+    dv = jax.eval_shape(lambda: make_kv(params, *(a[0] for a in xs[0])))[1]
+    zq = jnp.zeros((b, h, t), jnp.float32)
+    carry = (jnp.zeros((b, t, h, dv.shape[-1]), jnp.float32), zq + _NEG, zq)
+    carry = _vary_like(carry, q, kv, params, q_seg, kv_seg, q_idx, kv_idx)
+    (o, m, l), _ = jax.lax.scan(step, carry, xs)
+    safe = jnp.where(l > 0, l, 1.0)
+    out = (o / jnp.moveaxis(safe, 1, 2)[..., None]).astype(dv.dtype)
+    lse = jnp.where(l > 0, m + jnp.log(safe), jnp.inf)        # fully masked rows: p = 0
+    return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def flash_attention(q, kv, params, q_seg, kv_seg, q_idx, kv_idx, make_kv, scale, kv_block):
+    """Exact causal, packed attention, memory-efficient in both passes (FlashAttention-style).
+
+    q [B,T,H,Dk]; kv: a tuple of [B,S,...] arrays that `make_kv(params, *kv_block)` turns into
+    (k [B,s,H,Dk], v [B,s,H,Dv]) one key block at a time (`identity_kv` for given K/V; the MLA
+    latent expansion otherwise, so full-length per-head K/V never exist); q_seg/q_idx [B,T],
+    kv_seg/kv_idx [B,S] as in `attention_mask`. The forward keeps a running max/normaliser and
+    saves only the output and the log-sum-exp [B,H,T]; the backward recomputes each block's scores
+    and probabilities from them. Neither pass holds more than one [B,H,T,kv_block] score block.
+    Gradients flow to q, kv and params. -> [B,T,H,Dv] in v's dtype.
+    """
+    return _flash_forward(q, kv, params, q_seg, kv_seg, q_idx, kv_idx, make_kv, scale,
+                          kv_block)[0]
+
+
+def _flash_fwd(q, kv, params, q_seg, kv_seg, q_idx, kv_idx, make_kv, scale, kv_block):
+    out, lse = _flash_forward(q, kv, params, q_seg, kv_seg, q_idx, kv_idx, make_kv, scale,
+                              kv_block)
+    return out, (q, kv, params, q_seg, kv_seg, q_idx, kv_idx, out, lse)
+
+
+def _flash_bwd(make_kv, scale, kv_block, res, d_out):
+    q, kv, params, q_seg, kv_seg, q_idx, kv_idx, out, lse = res
+    s_len = kv[0].shape[1]
+    nk = -(-s_len // kv_block)
+    xs = (tuple(_pad_blocks(a, nk, kv_block) for a in kv), _pad_blocks(kv_seg, nk, kv_block, -1),
+          _pad_blocks(kv_idx, nk, kv_block))
+    do = d_out.astype(out.dtype)
+    delta = jnp.moveaxis(jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), -1), 1, 2)
+    # Differentiate make_kv w.r.t. a shard-varying copy of params: each block's weight gradient
+    # stays a local partial sum, reduced once at the end (`_sum_like`), not once per block.
+    params_v = _vary_like(params, q, kv, q_seg, kv_seg, q_idx, kv_idx, do)
+
+    def step(carry, x):
+        dq, dparams = carry
+        kv_b, seg_b, idx_b = x
+        (k, v), vjp = jax.vjp(lambda p, *a: make_kv(p, *a), params_v, *kv_b)
+        mask = _block_mask(q, q_seg, seg_b, q_idx, idx_b)
+        p = jnp.where(mask[:, None], jnp.exp(_scores(q, k, mask, scale) - lse[..., None]), 0.0)
+        dv = jnp.einsum("bhts,bthd->bshd", p.astype(do.dtype), do,
+                        preferred_element_type=jnp.float32)
+        dp = jnp.einsum("bthd,bshd->bhts", do, v.astype(do.dtype),
+                        preferred_element_type=jnp.float32)
+        ds = (p * (dp - delta[..., None]) * scale).astype(q.dtype)        # [B,H,T,s]
+        dq = dq + jnp.einsum("bhts,bshd->bthd", ds, k, preferred_element_type=jnp.float32)
+        dk = jnp.einsum("bhts,bthd->bshd", ds, q, preferred_element_type=jnp.float32)
+        dp_b, *dkv_b = vjp((dk.astype(k.dtype), dv.astype(v.dtype)))
+        dparams = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), dparams, dp_b)
+        return (dq, dparams), tuple(dkv_b)
+
+    zeros = (jnp.zeros(q.shape, jnp.float32),
+             jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), params))
+    zeros = _vary_like(zeros, q, kv, params, q_seg, kv_seg, q_idx, kv_idx, do)
+    (dq, dparams), dkv = jax.lax.scan(step, zeros, xs)
+    dkv = tuple(_unblock(g, s_len).astype(a.dtype) for g, a in zip(dkv, kv))
+    dparams = jax.tree.map(lambda g, a: g.astype(a.dtype), dparams, params)
+    dq, dkv, dparams = _sum_like((dq.astype(q.dtype), dkv, dparams), (q, kv, params))
+    return dq, dkv, dparams, None, None, None, None
+
+
+flash_attention.defvjp(_flash_fwd, _flash_bwd)
+
+
 def attend_blocked(q, k, v, q_segment, kv_segment, q_index, kv_index, scale: float,
                    kv_block: int) -> jax.Array:
-    """Memory-efficient exact attention: keys in blocks of `kv_block` with an online softmax, each
-    block step checkpointed, so neither pass holds more than one [B,H,T,kv_block] score block.
+    """Memory-efficient exact attention over given K/V (`flash_attention` with `identity_kv`).
 
     q [B,T,H,Dk], k [B,S,H,Dk], v [B,S,H,Dv], segments/indices as in `attention_mask`.
     """
-    b, s_len = k.shape[:2]
-    nk = -(-s_len // kv_block)
-    pad = nk * kv_block - s_len
-    if pad:
-        k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
-        v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
-        kv_segment = jnp.pad(kv_segment, ((0, 0), (0, pad)), constant_values=-1)
-        kv_index = jnp.pad(kv_index, ((0, 0), (0, pad)))
-    blocks = lambda x: jnp.moveaxis(x.reshape((b, nk, kv_block) + x.shape[2:]), 1, 0)  # noqa: E731
-    t, h = q.shape[1], q.shape[2]
-    zq = jnp.zeros((b, t, h), jnp.float32)
-    o = jnp.zeros((b, t, h, v.shape[-1]), jnp.float32)
-    m = jnp.moveaxis(zq, 1, 2) - 1e30
-    l = jnp.moveaxis(zq, 1, 2)
-    step_fn = jax.checkpoint(online_softmax_block, static_argnums=(4,))
+    return flash_attention(q, (k, v), (), q_segment, kv_segment, q_index, kv_index, identity_kv,
+                           scale, kv_block)
 
-    def step(carry, xs):
-        kb, vb, segb, idxb = xs
-        mask = attention_mask(q_segment, segb, q_index, idxb)
-        return step_fn(q, kb, vb, mask, scale, *carry), None
 
-    (o, m, l), _ = jax.lax.scan(step, (o, m, l),
-                                (blocks(k), blocks(v), blocks(kv_segment), blocks(kv_index)))
-    l = jnp.moveaxis(jnp.where(l > 0, l, 1.0), 1, 2)[..., None]
-    return (o / l).astype(v.dtype)
+def mla_kv(n_nope: int, dtype, wkv_b, c, k_pe):
+    """`make_kv` for MLA: latent block c [B,s,C] and shared rope key k_pe [B,s,1,R] ->
+    k [B,s,H,N+R] (rope key broadcast to every head), v [B,s,H,Dv]. wkv_b [C,H,N+Dv]."""
+    kv = jnp.einsum("bsc,chd->bshd", c.astype(dtype), wkv_b.astype(dtype),
+                    preferred_element_type=jnp.float32).astype(dtype)
+    k_nope, v = kv[..., :n_nope], kv[..., n_nope:]
+    k_rope = jnp.broadcast_to(k_pe.astype(dtype), k_nope.shape[:-1] + (k_pe.shape[-1],))
+    return jnp.concatenate([k_nope, k_rope], axis=-1), v
+
+
+def _latent_attention(q, c, k_pe, wkv_b, q_seg, kv_seg, q_idx, kv_idx, scale, kv_block, n_nope,
+                      dtype):
+    """Attention of q [B,T,H,N+R] over the latent keys c [B,S,C] / k_pe [B,S,1,R]: the blocked
+    FlashAttention over the latent when S > kv_block, else plain attention over expanded K/V."""
+    make_kv = functools.partial(mla_kv, n_nope, dtype)
+    if c.shape[1] > kv_block:
+        return flash_attention(q, (c, k_pe), wkv_b, q_seg, kv_seg, q_idx, kv_idx, make_kv, scale,
+                               kv_block)
+    k, v = make_kv(wkv_b, c, k_pe)
+    return attend(q, k, v, attention_mask(q_seg, kv_seg, q_idx, kv_idx), scale)
+
+
+def allgather_latent_attention(q, c, k_pe, wkv_b, segment_ids, token_index, scale: float,
+                               kv_block: int, n_nope: int, dtype, pc):
+    """Context-parallel MLA attention by all-gathering only the latent (C + R values per token).
+
+    Inside `jax.shard_map` every context shard all-gathers c [B,S,C], k_pe [B,S,1,R], segment
+    ids and token indices of the whole sequence, then attends with its own queries and heads
+    (`_latent_attention`). The backward's latent gradient leaves as one reduce-scatter (the
+    all-gather's transpose), and the shared wkv_b's as one psum: nothing per key block crosses
+    devices. q [B,T,H,N+R], c [B,T,C], k_pe [B,T,1,R], wkv_b [C,H,N+Dv] (global arrays, sequence
+    split over the context axes) -> [B,T,H,Dv].
+    """
+    seq = pc.axes_of("seq")
+    seq_spec = seq if len(seq) > 1 else seq[0]
+    batch, heads = pc.axes_of("batch") or None, pc.axes_of("act_heads") or None
+
+    def local(q, c, k_pe, w, seg, idx):
+        gather = lambda x: jax.lax.all_gather(x, seq, axis=1, tiled=True)  # noqa: E731
+        return _latent_attention(q, gather(c), gather(k_pe), w, seg, gather(seg), idx,
+                                 gather(idx), scale, kv_block, n_nope, dtype)
+
+    tok = P(batch, seq_spec)
+    fn = jax.shard_map(local, in_specs=(P(batch, seq_spec, heads, None), P(batch, seq_spec, None),
+                                        P(batch, seq_spec, None, None), P(None, heads, None), tok,
+                                        tok),
+                       out_specs=P(batch, seq_spec, heads, None))
+    return fn(q, c, k_pe, wkv_b, segment_ids, token_index)
 
 
 class MLA(nnx.Module):
@@ -152,21 +349,14 @@ class MLA(nnx.Module):
             k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe, k_nope.shape[:-1]
                                                           + (k_pe.shape[-1],))], axis=-1)
             out = ring_attention(q, k, v, segment_ids, token_index, scale, pc)
+        elif pc is not None and pc.context_parallel > 1:
+            out = allgather_latent_attention(q, c, k_pe, self.wkv_b[...], segment_ids, token_index,
+                                             scale, cfg.attention_kv_block, cfg.qk_nope_head_dim,
+                                             ctx.dtype, pc)
         else:
-            # All-gather over the sequence shards only the latent (C) and rope key (R) per token.
-            c = shard(c, ("batch", "kv_seq", "act_kv"))
-            k_pe = shard(k_pe, ("batch", "kv_seq", None, "act_k"))
-            kv_index = shard(token_index, ("batch", "kv_seq"))
-            kv_segment = shard(segment_ids, ("batch", "kv_seq"))
-            k_nope, v = self.expand_latent(c, ctx)
-            k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe, k_nope.shape[:-1]
-                                                          + (k_pe.shape[-1],))], axis=-1)
-            if k.shape[1] > cfg.attention_kv_block:
-                out = attend_blocked(q, k, v, segment_ids, kv_segment, token_index, kv_index,
-                                     scale, cfg.attention_kv_block)
-            else:
-                mask = attention_mask(segment_ids, kv_segment, token_index, kv_index)
-                out = attend(q, k, v, mask, scale)
+            out = _latent_attention(q, c, k_pe, self.wkv_b[...], segment_ids, segment_ids,
+                                    token_index, token_index, scale, cfg.attention_kv_block,
+                                    cfg.qk_nope_head_dim, ctx.dtype)
         out = shard(out, ("batch", "seq", "act_heads", None))
         return linear(out, self.wo[...], ctx, "bthv,hvd->btd")
 

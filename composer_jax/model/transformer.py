@@ -34,7 +34,10 @@ class ModelOutput:
     router_indices [Lm,B,T,K] and mtp_router_indices [Dm,B,T,K] (int32) or None;
     balance_loss: summed sequence-wise balance loss of all MoE layers (0 when disabled);
     moe_dropped_frac: mean fraction of dropped (token, expert) assignments over MoE layers
-    (capacity-factor expert parallelism only; 0 otherwise)."""
+    (capacity-factor expert parallelism only; 0 otherwise);
+    normed [B,T,D] and mtp_normed [Dm,B,T,D] or None: the hidden states the LM head reads (after
+    the final / MTP norms), for losses that apply the head chunk by chunk (`lm_logits`); with
+    `logits=False` the full-vocabulary logits are not computed at all (logits/mtp_logits None)."""
     logits: jax.Array
     mtp_logits: jax.Array | None
     hidden: jax.Array
@@ -44,6 +47,8 @@ class ModelOutput:
     mtp_router_indices: jax.Array | None
     balance_loss: jax.Array
     moe_dropped_frac: jax.Array | None = None
+    normed: jax.Array | None = None
+    mtp_normed: jax.Array | None = None
 
 
 class Block(nnx.Module):
@@ -149,6 +154,12 @@ class MTPLayers(nnx.Module):
         return normed, aux
 
 
+def lm_logits(h: jax.Array, w: jax.Array, dtype) -> jax.Array:
+    """Normed hidden [..., D] @ LM head [D, V] in the compute dtype -> float32 logits [..., V]."""
+    return jnp.einsum("...d,dv->...v", h.astype(dtype), w.astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+
 def shift_tokens(tokens: jax.Array, k: int) -> jax.Array:
     """tokens [B,T] shifted left by k (t_{i+k}), zero-padded at the end."""
     return jnp.pad(tokens[:, k:], ((0, 0), (0, k)))
@@ -172,12 +183,11 @@ class Transformer(nnx.Module):
 
     def head(self, h, ctx: Ctx):
         """Normed hidden [..., D] -> float32 logits [..., V]."""
-        return jnp.einsum("...d,dv->...v", h.astype(ctx.dtype), self.lm_head[...].astype(ctx.dtype),
-                          preferred_element_type=jnp.float32)
+        return lm_logits(h, self.lm_head[...], ctx.dtype)
 
     def __call__(self, tokens, positions=None, segment_ids=None, router_replay=None,
                  mtp_router_replay=None, with_mtp: bool = True, token_index=None,
-                 mtp_tokens=None, quant_key=None) -> ModelOutput:
+                 mtp_tokens=None, quant_key=None, logits: bool = True) -> ModelOutput:
         """tokens [B,T] int -> ModelOutput.
 
         positions [B,T] (default arange; restart per packed document), segment_ids [B,T]
@@ -187,6 +197,7 @@ class Transformer(nnx.Module):
         k): given by context parallelism, which feeds tokens in load-balanced order
         (composer_jax.parallel.context_parallel.reorder_batch). quant_key: PRNG key for NVFP4's
         stochastic rounding of gradients (model.precision=nvfp4); None rounds to nearest.
+        logits=False: skip the LM head (the train step applies it chunk by chunk to `normed`).
         """
         cfg = self.cfg
         ctx = Ctx(cfg, key=quant_key)
@@ -210,24 +221,29 @@ class Transformer(nnx.Module):
             counts, indices = aux["counts"], aux["idx"]
             balance = balance + aux["balance_loss"].sum()
             dropped.append(aux["dropped_frac"])
-        logits = shard(self.head(self.final_norm(x), ctx), ("batch", "seq", "act_vocab"))
-        mtp_logits = mtp_counts = mtp_indices = None
+        normed = self.final_norm(x)
+        main_logits = (shard(self.head(normed, ctx), ("batch", "seq", "act_vocab")) if logits
+                       else None)
+        mtp_logits = mtp_normed = mtp_counts = mtp_indices = None
         if self.mtp is not None and with_mtp:
             if mtp_tokens is None:
                 mtp_tokens = jnp.stack([shift_tokens(tokens, k)
                                         for k in range(1, cfg.mtp_depth + 1)])
-            future = jnp.stack([self.embed_tokens(mtp_tokens[k], ctx)
-                                for k in range(cfg.mtp_depth)])
-            normed, aux = self.mtp(x, future, positions, segment_ids, ctx, mtp_router_replay,
-                                   token_index)
-            mtp_logits = shard(self.head(normed, ctx), (None, "batch", "seq", "act_vocab"))
+            future = shard(jnp.stack([self.embed_tokens(mtp_tokens[k], ctx)
+                                      for k in range(cfg.mtp_depth)]),
+                           (None, "batch", "seq", "act_embed"))
+            mtp_normed, aux = self.mtp(x, future, positions, segment_ids, ctx, mtp_router_replay,
+                                       token_index)
+            if logits:
+                mtp_logits = shard(self.head(mtp_normed, ctx), (None, "batch", "seq", "act_vocab"))
             if aux is not None:
                 mtp_counts, mtp_indices = aux["counts"], aux["idx"]
                 balance = balance + aux["balance_loss"].sum()
                 dropped.append(aux["dropped_frac"])
         dropped_frac = (jnp.mean(jnp.concatenate(dropped)) if dropped
                         else jnp.zeros((), jnp.float32))
-        return ModelOutput(logits=logits, mtp_logits=mtp_logits, hidden=x,
+        return ModelOutput(logits=main_logits, mtp_logits=mtp_logits, hidden=x,
                            expert_counts=counts, mtp_expert_counts=mtp_counts,
                            router_indices=indices, mtp_router_indices=mtp_indices,
-                           balance_loss=balance, moe_dropped_frac=dropped_frac)
+                           balance_loss=balance, moe_dropped_frac=dropped_frac, normed=normed,
+                           mtp_normed=mtp_normed)

@@ -2,83 +2,88 @@
 
 `compile_plan(cfg)` must run in a process whose JAX sees at least `cfg.mesh.num_devices` devices
 (fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=N, set before JAX starts;
-`python -m composer_jax.parallel.plan CONFIG_JSON OUT_JSON` does that for itself). Nothing is
-allocated: parameters, optimizer state and batch are `jax.ShapeDtypeStruct`s with shardings, the
-step is lowered and compiled for the CPU backend, and the compiled memory analysis gives per-device
-bytes. CPU-compiled memory *estimates* accelerator memory (same SPMD partitioning and buffer
-liveness, but different fusion and layout decisions and no accelerator-specific kernels).
+`run_in_subprocess` starts `python -m composer_jax.parallel.plan CONFIG_JSON OUT_JSON` that way).
+Nothing is allocated: the train state (parameters, router biases, optimizer state) and the batch
+are `jax.ShapeDtypeStruct`s with shardings, and the step compiled is the training step itself
+(`composer_jax.train.step.make_step_fns`: the experiment's optimizer, MTP loss, token-chunked
+LM-head losses and `train.microbatches`-way gradient accumulation), lowered and compiled for the
+CPU backend under the mesh's ParallelContext.
 
-Collective bytes are read from the compiled HLO: the result bytes of every all-gather, all-reduce,
-reduce-scatter, all-to-all and collective-permute, with ops inside `while` loops (the layer scan)
-multiplied by the loop's known trip count. On CPU the MoE ragged all-to-all is the padded
-emulation (composer_jax.parallel.collectives), so its all-to-all bytes are the worst case.
+CPU-compiled memory *estimates* accelerator memory: same SPMD partitioning, scan/remat structure
+and buffer liveness, but XLA:CPU's own fusion, layouts and float normalisation (it computes bf16
+dots in f32, so some operands get f32 copies an accelerator would not make). One CPU lowering
+would distort the estimate badly and is replaced in the planner's process:
+`jax.lax.ragged_dot` (the MoE grouped matmuls) lowers on CPU to a dense matmul over every group
+for every row (E_loc x the buffers); `use_native_grouped_gemm_memory` lowers it instead to a
+stand-in with a native grouped GEMM's shapes, dtypes and FLOPs
+(COMPOSER_PLAN_DENSE_RAGGED_DOT=1 keeps XLA:CPU's own lowering). The MoE ragged all-to-all is a
+padded emulation on CPU (composer_jax.parallel.collectives), so its buffers and bytes are the
+static worst case.
+
+Set COMPOSER_PLAN_DUMP_DIR=DIR to keep XLA's dumps of the step (optimized HLO, buffer
+assignment, live ranges) in DIR. Reported: per-device bytes of parameters / optimizer state
+(from the shardings), activations (the compiled temp size), the biggest buffers live at the
+memory peak (XLA's live-range dump, grouped by the op that made them), and collective bytes per
+step (composer_jax.parallel.hlo_stats).
 """
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
-import re
+import shutil
 import sys
+import tempfile
+import time
 
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
-               "ragged-all-to-all")
-_DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1,
-                "f64": 8, "s64": 8, "u64": 8, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2}
+from composer_jax.parallel.hlo_stats import collective_stats, peak_buffers
 
-
-def _shape_bytes(text: str) -> int:
-    total = 0
-    for dt, dims in re.findall(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]", text):
-        if dt in _DTYPE_BYTES:
-            total += _DTYPE_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
-    return total
+# jit name of the compiled step (`api.jit_with_context` wraps it in `traced`): selects the dump
+_MODULE_RE = "jit_traced"
 
 
-def collective_bytes(hlo: str) -> dict[str, int]:
-    """Bytes each collective kind moves per step (per device), loops scaled by trip counts."""
-    comps: dict[str, list[str]] = {}
-    name = None
-    for line in hlo.splitlines():
-        m = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
-        if m and not line.startswith(" "):
-            name = m.group(1)
-            comps[name] = []
-            if line.startswith("ENTRY"):
-                comps["__entry__"] = comps[name]
-        elif name is not None:
-            comps[name].append(line)
+def _grouped_gemm_stand_in(lhs, rhs, group_sizes, *, ragged_dot_dimension_numbers, precision,
+                           preferred_element_type, group_offset=None, out_sharding=None):
+    """What a native grouped GEMM allocates, for planning only (the values are wrong).
 
-    memo: dict[str, dict[str, int]] = {}
+    XLA:CPU lowers `ragged_dot` densely (every group for every row: G x the output and operand
+    buffers), while TPU and cuDNN-backed GPU kernels read the operands and write the output once.
+    This stand-in has the native op's shapes, dtypes and FLOPs: ragged non-contracting mode
+    ([M,K] x [G,K,N] -> [M,N]) is one dot with one group's weight; ragged contracting mode (the
+    weight gradient, [M,K] x [M,N] -> [G,K,N]) is one dot broadcast over the G groups.
+    """
+    import jax
+    from jax._src.lax import lax as lax_internal
 
-    def total(comp: str, depth=0) -> dict[str, int]:
-        if comp in memo or depth > 50:
-            return memo.get(comp, {})
-        acc: dict[str, int] = {}
-        for line in comps.get(comp, []):
-            m = re.match(r"\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s+([a-z\-]+)\(", line)
-            if not m:
-                continue
-            shape, op = m.group(1), m.group(2)
-            base = op.replace("-start", "")
-            if base in COLLECTIVES and not op.endswith("-done"):
-                acc[base] = acc.get(base, 0) + _shape_bytes(shape)
-            if op == "while":
-                body = re.search(r"body=%?([\w.\-]+)", line)
-                trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-                n = int(trip.group(1)) if trip else 1
-                if body:
-                    for k, v in total(body.group(1), depth + 1).items():
-                        acc[k] = acc.get(k, 0) + n * v
-            for callee in re.findall(r"(?:to_apply|calls|branch_computations)=\{?%?([\w.\-]+)",
-                                     line):
-                if op in ("call", "conditional", "async-start"):
-                    for k, v in total(callee, depth + 1).items():
-                        acc[k] = acc.get(k, 0) + v
-        memo[comp] = acc
-        return acc
+    del group_offset, out_sharding
+    dn = ragged_dot_dimension_numbers
+    mode, _ = lax_internal._ragged_dot_mode_and_dim(lhs.ndim, dn)
+    (lc, rc), (lb, rb) = dn.dot_dimension_numbers
 
-    return total("__entry__")
+    def dot(a, b, dims):
+        return jax.lax.dot_general(a, b, dims, precision=precision,
+                                   preferred_element_type=preferred_element_type)
+
+    if mode == lax_internal.RaggedDotMode.RAGGED_NONCONTRACTING:
+        g = dn.rhs_group_dimensions[0]
+        drop = lambda dims: tuple(d - (d > g) for d in dims)  # noqa: E731
+        return dot(lhs, jax.lax.index_in_dim(rhs, 0, g, keepdims=False),
+                   ((lc, drop(rc)), (lb, drop(rb))))
+    out = dot(lhs, rhs, ((lc, rc), (lb, rb)))
+    if mode == lax_internal.RaggedDotMode.RAGGED_CONTRACTING:
+        return jax.lax.broadcast(out, group_sizes.shape[-1:])
+    return out
+
+
+def use_native_grouped_gemm_memory():
+    """Registers `_grouped_gemm_stand_in` as the CPU lowering of ragged_dot. Only for a process
+    that plans and never runs anything (the planner's subprocess): the values are wrong."""
+    from jax._src.interpreters import mlir
+    from jax._src.lax import lax as lax_internal
+    mlir.register_lowering(lax_internal.ragged_dot_general_p,
+                           mlir.lower_fun(_grouped_gemm_stand_in, multiple_results=False),
+                           platform="cpu")
 
 
 def _bytes_of(tree) -> int:
@@ -86,77 +91,133 @@ def _bytes_of(tree) -> int:
     import jax
     n = 0
     for leaf in jax.tree.leaves(tree):
-        shape = leaf.sharding.shard_shape(leaf.shape)
-        n += math.prod(shape) * leaf.dtype.itemsize
+        n += math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
     return n
 
 
-def compile_plan(cfg) -> dict:
-    """Compiles the train step of `cfg` on a (virtual) mesh; returns memory/collective numbers and
-    the sharding plan."""
+def abstract_batch(cfg) -> dict:
+    """The train batch as ShapeDtypeStructs: [B,T] token fields, [B,Dm,T] MTP fields."""
     import jax
     import jax.numpy as jnp
-    from flax import nnx
-
-    from composer_jax.model import abstract_model
-    from composer_jax.parallel import api
-    from composer_jax.parallel.mesh import make_mesh
-    from composer_jax.parallel.sharding import context_from_config, sharding_plan
-
-    n_dev = cfg.mesh.num_devices or jax.device_count()
-    if jax.device_count() < n_dev:
-        raise RuntimeError(f"planner needs {n_dev} devices, JAX sees {jax.device_count()}")
-    mesh = make_mesh(cfg.mesh, devices=jax.devices()[:n_dev], axis_type=cfg.mesh.axis_type)
-    pc = context_from_config(mesh, cfg.mesh)
-    graphdef, params = nnx.split(abstract_model(cfg.model))
-    b, t = cfg.data.global_batch_size, cfg.data.seq_len
+    b, t, dm = cfg.data.global_batch_size, cfg.data.seq_len, max(cfg.model.mtp_depth, 1)
     batch = {k: jax.ShapeDtypeStruct((b, t), jnp.int32) for k in
              ("tokens", "positions", "segment_ids", "targets")}
     batch["loss_mask"] = jax.ShapeDtypeStruct((b, t), jnp.float32)
-    tx = api.adamw(cfg.train.lr)
-    ps = api.state_shardings(params, pc)
-    os_ = api.opt_state_shardings(tx, params, ps, pc)
-    bs = api.batch_shardings(batch, pc)
-    abs_opt = jax.eval_shape(tx.init, params)
+    batch["mtp_targets"] = jax.ShapeDtypeStruct((b, dm, t), jnp.int32)
+    batch["mtp_mask"] = jax.ShapeDtypeStruct((b, dm, t), jnp.float32)
+    return batch
+
+
+def sharded_step(cfg, pc):
+    """(train_step jitted under pc, abstract TrainState, abstract batch, params sharding plan);
+    the abstract inputs carry their shardings."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from composer_jax.model import abstract_model
+    from composer_jax.parallel import api
+    from composer_jax.parallel.rules import logical_to_spec
+    from composer_jax.parallel.sharding import (sharding_plan, shardings_like_params,
+                                                state_shardings)
+    from composer_jax.train.optimizers import make_optimizer
+    from composer_jax.train.step import TrainState, _axes_and_paths, make_step_fns
+
+    graphdef, params_state, buffer_state = nnx.split(abstract_model(cfg.model), nnx.Param, ...)
+    axes, paths = _axes_and_paths(params_state)
+    tx = make_optimizer(cfg.train, axes, paths)
+    train_step, _ = make_step_fns(graphdef, params_state, buffer_state, tx, cfg, pc)
+    params, buffers = nnx.to_pure_dict(params_state), nnx.to_pure_dict(buffer_state)
+    p_sh = nnx.to_pure_dict(state_shardings(params_state, pc))
+    b_sh = nnx.to_pure_dict(state_shardings(buffer_state, pc))
+    opt = jax.eval_shape(tx.init, params)
+    o_sh = shardings_like_params(opt, params, p_sh, pc.mesh)
+    rep = NamedSharding(pc.mesh, P())
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    state = TrainState(step=scalar, params=params, buffers=buffers, opt_state=opt,
+                       nonfinite_streak=scalar, nonfinite_total=scalar)
+    state_sh = TrainState(step=rep, params=p_sh, buffers=b_sh, opt_state=o_sh,
+                          nonfinite_streak=rep, nonfinite_total=rep)
+    batch = abstract_batch(cfg)
+    batch_sh = {k: NamedSharding(pc.mesh, logical_to_spec(
+        ("batch", "seq") if v.ndim == 2 else ("batch", None, "seq"), pc.rules, v.shape, pc.sizes,
+        what=f"batch field {k!r}")) for k, v in batch.items()}
     with_sh = lambda tree, sh: jax.tree.map(  # noqa: E731
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
-    a_params, a_opt, a_batch = with_sh(params, ps), with_sh(abs_opt, os_), with_sh(batch, bs)
-    step = api.jit_with_context(
-        lambda p, o, bt: api.train_step(graphdef, tx, p, o, bt, pc), pc,
-        in_shardings=(ps, os_, bs), out_shardings=(ps, os_, None, None), donate_argnums=(0, 1))
-    import time
+    step = api.jit_with_context(train_step, pc, in_shardings=(state_sh, batch_sh),
+                                out_shardings=(state_sh, None), donate_argnums=(0,))
+    return step, with_sh(state, state_sh), with_sh(batch, batch_sh), sharding_plan(params_state,
+                                                                                   pc)
+
+
+def compile_plan(cfg, dump_dir: str | None = None) -> dict:
+    """Compiles the train step of `cfg` on a (virtual) mesh; returns memory/collective numbers and
+    the sharding plan. dump_dir: where XLA was told to dump (XLA_FLAGS) the step's HLO, for the
+    peak-memory breakdown."""
+    import jax
+
+    from composer_jax.parallel.mesh import make_mesh
+    from composer_jax.parallel.sharding import context_from_config
+
+    if os.environ.get("COMPOSER_PLAN_DENSE_RAGGED_DOT") != "1":   # measure XLA:CPU's own lowering
+        use_native_grouped_gemm_memory()
+    n_dev = cfg.mesh.num_devices or jax.device_count()
+    if jax.device_count() < n_dev:
+        raise RuntimeError(f"planner needs {n_dev} devices, JAX sees {jax.device_count()}")
+    # The step's sharding comes from the rules either way; an Auto mesh lets GSPMD place the rest
+    # (mesh.axis_type=explicit changes how constraints are applied, not the layout).
+    mesh = make_mesh(cfg.mesh, devices=jax.devices()[:n_dev], axis_type="auto")
+    pc = context_from_config(mesh, cfg.mesh)
+    step, state, batch, plan = sharded_step(cfg, pc)
     t0 = time.time()
     with jax.set_mesh(mesh):
-        lowered = step.jitted.lower(a_params, a_opt, a_batch)
+        lowered = step.jitted.lower(state, batch)
     compiled = lowered.compile()
     compile_s = time.time() - t0
     mem = compiled.memory_analysis()
-    p_bytes, o_bytes, b_bytes = _bytes_of(a_params), _bytes_of(a_opt), _bytes_of(a_batch)
+    hlo = compiled.as_text()
+    # router selection biases (a few KB) count with the parameters
+    p_bytes = _bytes_of(state.params) + _bytes_of(state.buffers)
+    o_bytes, b_bytes = _bytes_of(state.opt_state), _bytes_of(batch)
     temp = int(mem.temp_size_in_bytes)
     total = int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
                 + temp + mem.generated_code_size_in_bytes)
-    coll = collective_bytes(compiled.as_text())
+    coll, top_coll = collective_stats(hlo)
+    peak = []
+    if dump_dir:
+        found = glob.glob(os.path.join(dump_dir, f"*{_MODULE_RE}*live-range.txt"))
+        if found:
+            with open(found[0]) as f:
+                peak = peak_buffers(f.read(), hlo)
     return {
         "mesh": pc.sizes, "rules": pc.rules.name, "num_devices": n_dev,
+        "microbatches": cfg.train.microbatches,
+        "optimizer": cfg.train.optimizer.value,
         "per_device_bytes": {"params": p_bytes, "optimizer": o_bytes, "activations": temp,
                              "batch": b_bytes, "total": total},
         "memory_analysis": {k: int(getattr(mem, k)) for k in (
             "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
             "temp_size_in_bytes", "generated_code_size_in_bytes")},
+        "largest_buffers": peak,
         "collective_bytes_per_step": coll,
+        "largest_collectives": top_coll,
         "compile_seconds": round(compile_s, 1),
-        "sharding_plan": sharding_plan(params, pc),
+        "sharding_plan": plan,
     }
 
 
 def main(argv):
-    """python -m composer_jax.parallel.plan CONFIG_JSON OUT_JSON (sets the fake device count)."""
+    """python -m composer_jax.parallel.plan CONFIG_JSON OUT_JSON [DUMP_DIR] (run_in_subprocess
+    sets the fake device count and the dump flags)."""
     cfg_path, out_path = argv[1], argv[2]
+    dump_dir = argv[3] if len(argv) > 3 else None
     with open(cfg_path) as f:
         raw = json.load(f)
     from composer_jax.config import Config, from_dict
     cfg = from_dict(Config, raw)
-    result = compile_plan(cfg)
+    result = compile_plan(cfg, dump_dir)
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
 
@@ -164,14 +225,22 @@ def main(argv):
 def run_in_subprocess(cfg, cfg_json_path: str, out_path: str, n_dev: int) -> dict:
     """Runs `main` in a fresh interpreter with n_dev fake CPU devices; returns its result."""
     import subprocess
+    keep = os.environ.get("COMPOSER_PLAN_DUMP_DIR")      # keep XLA's dumps there for inspection
+    dump_dir = keep or tempfile.mkdtemp(prefix="composer_plan_")
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        f" --xla_force_host_platform_device_count={n_dev}").strip()
+                        f" --xla_force_host_platform_device_count={n_dev}"
+                        f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
+                        f" --xla_dump_hlo_module_re={_MODULE_RE}").strip()
     env["JAX_PLATFORMS"] = "cpu"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-m", "composer_jax.parallel.plan", cfg_json_path,
-                           out_path], env=env, capture_output=True, text=True)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "composer_jax.parallel.plan", cfg_json_path,
+                               out_path, dump_dir], env=env, capture_output=True, text=True)
+    finally:
+        if not keep:
+            shutil.rmtree(dump_dir, ignore_errors=True)
     if proc.returncode != 0:
         from composer_jax.errors import ComposerError
         reasons = {8: "SIGFPE: XLA:CPU overflows its int32 sizes on arrays this large",
@@ -182,8 +251,8 @@ def run_in_subprocess(cfg, cfg_json_path: str, out_path: str, n_dev: int) -> dic
                else f"exited with status {proc.returncode}")
         raise ComposerError(
             f"the dry-run compile {how}. Plan on a virtual mesh sized for the job, e.g. "
-            f"--set mesh.num_devices=256 --set mesh.expert=16 --set mesh.context=4 "
-            f"--set mesh.tensor=4 --set mesh.fsdp=1 --set mesh.rules=cp_ep, or a smaller "
+            f"--set mesh.num_devices=256 --set mesh.expert=64 --set mesh.context=4 "
+            f"--set mesh.fsdp=1 --set mesh.rules=cp_ep --set train.microbatches=N, or a smaller "
             f"data.global_batch_size.\n{proc.stderr[-6000:]}")
     with open(out_path) as f:
         return json.load(f)

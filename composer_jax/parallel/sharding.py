@@ -175,6 +175,38 @@ def gather_for_compute(state):
     return jax.tree.map_with_path(one, state, is_leaf=_is_var)
 
 
+def _key_name(k) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def shardings_like_params(tree, params, param_shardings, mesh):
+    """NamedShardings for `tree` (e.g. an optimizer state): a leaf whose key path ends with a
+    parameter's path and has that parameter's shape gets the parameter's sharding (Adam/Muon
+    moments, however the optimizer nests or masks them); every other leaf is replicated.
+
+    params / param_shardings: trees with the same structure (arrays or ShapeDtypeStructs, and
+    NamedShardings)."""
+    by_path = {}
+    flat_p = jax.tree_util.tree_leaves_with_path(params)
+    flat_s = jax.tree.leaves(param_shardings)
+    for (path, leaf), sh in zip(flat_p, flat_s):
+        by_path[tuple(_key_name(k) for k in path)] = (tuple(leaf.shape), sh)
+    longest = max((len(k) for k in by_path), default=0)
+    replicated = NamedSharding(mesh, P())
+
+    def one(path, leaf):
+        keys = tuple(_key_name(k) for k in path)
+        for n in range(min(len(keys), longest), 0, -1):
+            hit = by_path.get(keys[-n:])
+            if hit is not None and hit[0] == tuple(getattr(leaf, "shape", ())):
+                return hit[1]
+        return replicated
+    return jax.tree.map_with_path(one, tree)
+
+
 def sharding_plan(state, pc: ParallelContext) -> dict[str, str]:
     """Parameter path -> 'shape dtype PartitionSpec' (storage layout), for review and goldens."""
     plan = {}
@@ -191,4 +223,5 @@ def check_batch(shape, pc: ParallelContext, what: str = "batch"):
 
 
 __all__ = ["CPAttention", "ParallelContext", "activate", "current", "shard", "constrain",
-           "state_shardings", "gather_for_compute", "sharding_plan", "param_spec", "ConfigError"]
+           "state_shardings", "shardings_like_params", "gather_for_compute", "sharding_plan",
+           "param_spec", "ConfigError"]

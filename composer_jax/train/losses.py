@@ -51,3 +51,54 @@ def mtp_self_distill_sums(mtp_logits: jax.Array, main_logits: jax.Array, mtp_mas
         kl = jnp.sum(jnp.exp(t) * (t - s), axis=-1)
         sums.append(jnp.sum(kl * mtp_mask[:, d]))
     return jnp.stack(sums)
+
+
+# ---------------------------------------------------------------------------------------------
+# Token-chunked losses: the [..., V] logits never exist for all tokens at once
+# ---------------------------------------------------------------------------------------------
+
+
+def token_chunks(x: jax.Array, n: int) -> jax.Array:
+    """x [B, T, ...] -> [n, B, T/n, ...]; chunk j holds tokens j, j+n, j+2n, ... (strided, so an
+    array whose token axis is split over devices stays split the same way in every chunk)."""
+    b, t = x.shape[:2]
+    if t % n:
+        raise ValueError(f"token_chunks: {t} tokens do not split into {n} chunks")
+    return jnp.moveaxis(x.reshape((b, t // n, n) + x.shape[2:]), 2, 0)
+
+
+def sum_over_token_chunks(fn, n_chunks: int, chunked: tuple, shared: tuple = ()):
+    """sum over j of fn(*chunk_j(chunked), *shared), a pytree of sums.
+
+    chunked: arrays [B, T, ...] split by `token_chunks`; shared: arrays every chunk sees whole
+    (weights). With n_chunks > 1 the chunks run in a `lax.scan` whose body is checkpointed, so
+    forward and backward each hold one chunk's intermediates (e.g. [B, T/n, V] logits) at a time;
+    the sums equal the unchunked ones up to float summation order. n_chunks == 1 is fn itself.
+    """
+    if n_chunks == 1:
+        return fn(*chunked, *shared)
+    xs = tuple(token_chunks(a, n_chunks) for a in chunked)
+    body = jax.checkpoint(lambda xs_j, sh: fn(*xs_j, *sh))
+    first = tuple(x[0] for x in xs)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(body, first, shared))
+
+    def step(acc, xs_j):
+        return jax.tree.map(jnp.add, acc, body(xs_j, shared)), None
+
+    acc, _ = jax.lax.scan(step, zeros, xs)
+    return acc
+
+
+def ce_and_z_sums(logits: jax.Array, targets: jax.Array, mask: jax.Array):
+    """(sum mask * CE, sum mask * logsumexp^2) of f32 logits [..., V]; one logsumexp for both."""
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.sum((logz - picked) * mask), jnp.sum(jnp.square(logz) * mask)
+
+
+def self_distill_sum(student_logits: jax.Array, teacher_logits: jax.Array,
+                     mask: jax.Array) -> jax.Array:
+    """sum mask * KL(softmax(stop_gradient(teacher)) || softmax(student)) over [..., V] logits."""
+    t = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits), axis=-1)
+    s = jax.nn.log_softmax(student_logits, axis=-1)
+    return jnp.sum(jnp.sum(jnp.exp(t) * (t - s), axis=-1) * mask)

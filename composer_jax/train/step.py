@@ -16,12 +16,15 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx, struct
 
 from composer_jax.config import Config, MTPLoss
 from composer_jax.model import router as router_lib
-from composer_jax.model.transformer import Transformer
+from composer_jax.model.transformer import Transformer, lm_logits
+from composer_jax.parallel import context_parallel as cp_lib
+from composer_jax.parallel.sharding import shard
 from composer_jax.train import losses
 from composer_jax.train.optimizers import make_optimizer
 
@@ -78,23 +81,102 @@ def _axes_and_paths(state):
     return axes, paths
 
 
-def _forward_losses(model: Transformer, batch: dict, cfg: Config, denom, mtp_denom, key=None):
-    out = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
-                quant_key=key)
+# Per-device tokens per chunk of the LM-head losses (main CE, MTP, z-loss): the [tokens, V]
+# float32 logits of a chunk are the largest buffer the losses hold (at V = 163840: 1.3 GB).
+LOSS_CHUNK_TOKENS = 2048
+
+
+def loss_chunks(batch: int, seq: int, pc=None, chunk_tokens: int = LOSS_CHUNK_TOKENS) -> int:
+    """How many token chunks the LM-head losses run in: per-device tokens / chunk_tokens, halved
+    until every chunk keeps the sequence's split over the context shards (1 = unchunked)."""
+    b_shards = pc.size(*pc.axes_of("batch")) if pc is not None else 1
+    t_shards = pc.size(*pc.axes_of("seq")) if pc is not None else 1
+    per_device = max(batch // b_shards, 1) * max(seq // t_shards, 1)
+    n = 1
+    while per_device // (2 * n) >= chunk_tokens and seq % (2 * n * t_shards) == 0:
+        n *= 2
+    return n
+
+
+def shift_left_original_order(x: jax.Array, k: int, cp: int) -> jax.Array:
+    """x [B,T,...] in load-balanced context-parallel order (cp > 1) or plain order: row j gets the
+    row of the token k places later *in the original sequence* (zeros past the end).
+
+    In load-balanced order the sequence is 2*cp contiguous chunks of the original, permuted; a
+    shift moves rows within each chunk and brings in the first k rows of the next original chunk.
+    Only those [B, 2*cp, k, ...] heads travel between shards, never the whole sequence.
+    """
+    if cp == 1:
+        return losses.shift_left(x, k)
+    b, t = x.shape[:2]
+    n = 2 * cp
+    c = t // n
+    if k > c:
+        raise ValueError(f"shift by {k} exceeds the context-parallel chunk of {c} tokens")
+    chunks = cp_lib.load_balance_permutation(n, cp)          # reordered chunk p = original chunk
+    where = np.argsort(chunks)                                # original chunk -> reordered slot
+    nxt = np.array([where[o + 1] if o + 1 < n else n for o in chunks])
+    xc = shard(x.reshape((b, n, c) + x.shape[2:]), ("batch", "seq", None) + (None,) * (x.ndim - 2))
+    heads = jnp.concatenate([xc[:, :, :k], jnp.zeros_like(xc[:, :1, :k])], axis=1)
+    heads = jnp.take(heads, jnp.asarray(nxt, jnp.int32), axis=1)          # [B, n, k, ...]
+    return jnp.concatenate([xc[:, :, k:], heads], axis=2).reshape(x.shape)
+
+
+# Logical axes of the per-token batch fields (after the context-parallel reorder)
+_TOKEN_AXES = {"tokens": ("batch", "seq"), "positions": ("batch", "seq"),
+               "segment_ids": ("batch", "seq"), "targets": ("batch", "seq"),
+               "loss_mask": ("batch", "seq"), "token_index": ("batch", "seq"),
+               "mtp_targets": ("batch", None, "seq"), "mtp_mask": ("batch", None, "seq"),
+               "mtp_tokens": (None, "batch", "seq")}
+
+
+def _forward_losses(model: Transformer, batch: dict, cfg: Config, denom, mtp_denom, key=None,
+                    pc=None, chunk_tokens: int = LOSS_CHUNK_TOKENS):
+    """Loss terms of one (micro)batch. Under a parallel context with context parallelism the batch
+    is reordered first (every loss is a token sum; self-distillation shifts in original order).
+    The LM head runs inside the token-chunked losses (`losses.sum_over_token_chunks`)."""
+    cp = pc.context_parallel if pc is not None else 1
+    inputs = {k: shard(v, _TOKEN_AXES[k]) if k in _TOKEN_AXES else v
+              for k, v in cp_lib.reorder_batch(batch, cp, cfg.model.mtp_depth).items()}
+    out = model(inputs["tokens"], positions=inputs["positions"],
+                segment_ids=inputs["segment_ids"], token_index=inputs["token_index"],
+                mtp_tokens=inputs.get("mtp_tokens"), quant_key=key, logits=False)
     tc = cfg.train
-    ce = losses.cross_entropy_sum(out.logits, batch["targets"], batch["loss_mask"]) / denom
+    dtype = jnp.dtype(cfg.model.compute_dtype.value)
+    w = model.lm_head[...]
+    n = loss_chunks(*inputs["tokens"].shape, pc, chunk_tokens)
+
+    def head(h, w):
+        return shard(lm_logits(h, w, dtype), ("batch", "seq", "act_vocab"))
+
+    def ce_z(h, targets, mask, w):
+        return losses.ce_and_z_sums(head(h, w), targets, mask)
+
+    def distill(h, h_teacher, mask, w):
+        return losses.self_distill_sum(head(h, w), head(h_teacher, w), mask)
+
+    ce_sum, z_sum = losses.sum_over_token_chunks(
+        ce_z, n, (out.normed, inputs["targets"], inputs["loss_mask"]), (w,))
+    ce = ce_sum / denom
     total = ce
     mtp = jnp.zeros((), jnp.float32)
-    if out.mtp_logits is not None:
-        if tc.mtp_loss == MTPLoss.SUPERVISED:
-            sums = losses.mtp_supervised_sums(out.mtp_logits, batch["mtp_targets"], batch["mtp_mask"])
-        else:
-            sums = losses.mtp_self_distill_sums(out.mtp_logits, out.logits, batch["mtp_mask"])
-        mtp = jnp.mean(sums / mtp_denom)
+    if out.mtp_normed is not None:
+        sums = []
+        for d in range(out.mtp_normed.shape[0]):
+            mask = inputs["mtp_mask"][:, d]
+            if tc.mtp_loss == MTPLoss.SUPERVISED:
+                s, _ = losses.sum_over_token_chunks(
+                    ce_z, n, (out.mtp_normed[d], inputs["mtp_targets"][:, d], mask), (w,))
+            else:   # depth d at i predicts token i+d+2, which the main head predicts at i+d+1
+                teacher = shift_left_original_order(out.normed, d + 1, cp)
+                s = losses.sum_over_token_chunks(distill, n, (out.mtp_normed[d], teacher, mask),
+                                                 (w,))
+            sums.append(s)
+        mtp = jnp.mean(jnp.stack(sums) / mtp_denom)
         total = total + tc.mtp_lambda * mtp
     z = jnp.zeros((), jnp.float32)
     if tc.z_loss > 0:
-        z = losses.z_loss_sum(out.logits, batch["loss_mask"]) / denom
+        z = z_sum / denom
         total = total + tc.z_loss * z
     if cfg.model.seq_aux_loss_coef > 0:
         total = total + cfg.model.seq_aux_loss_coef * out.balance_loss
@@ -124,30 +206,34 @@ def load_max_over_mean(counts: dict) -> jax.Array:
     return jnp.max(jnp.stack(vals)) if vals else jnp.ones((), jnp.float32)
 
 
-def build(model: Transformer, cfg: Config) -> tuple[StepFns, TrainState]:
-    """Splits `model`, builds the optimizer and the jitted train/eval steps; returns the initial
-    TrainState (step 0)."""
-    graphdef, params_state, buffer_state = nnx.split(model, nnx.Param, ...)
-    axes, paths = _axes_and_paths(params_state)
-    tx = make_optimizer(cfg.train, axes, paths)
-    params = nnx.to_pure_dict(params_state)
-    buffers = nnx.to_pure_dict(buffer_state)
-    abstract_params = jax.tree.map(lambda x: x, params_state)
-    abstract_buffers = jax.tree.map(lambda x: x, buffer_state)
+def make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg: Config, pc=None,
+                  chunk_tokens: int = LOSS_CHUNK_TOKENS):
+    """The pure (un-jitted) `train_step(state, batch)` and `eval_step(state, batch)`.
+
+    pc: a ParallelContext to trace them under (`composer_jax.parallel.api.jit_with_context`), or
+    None for one device. Microbatches are split off the batch axis and scanned (gradient
+    accumulation), so activation memory is that of one microbatch.
+    """
     micro = cfg.train.microbatches
     rate = cfg.model.router_bias_update_rate
 
     def loss_fn(p, b, mb, denom, mtp_denom, key=None):
         model = merge_model(graphdef, abstract_params, abstract_buffers, p, b)
-        return _forward_losses(model, mb, cfg, denom, mtp_denom, key)
+        return _forward_losses(model, mb, cfg, denom, mtp_denom, key, pc, chunk_tokens)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def split_micro(x):
+        """[B, ...] -> [micro, B/micro, ...]; under a context every microbatch spans the mesh."""
+        x = x.reshape((micro, x.shape[0] // micro) + x.shape[1:])
+        if pc is None:
+            return x
+        return shard(x, (None, "batch") + (None,) * (x.ndim - 3) + ("seq",))
 
     def train_step(state: TrainState, batch: dict):
         denom = jnp.maximum(batch["loss_mask"].sum(), 1.0)
         mtp_denom = jnp.maximum(batch["mtp_mask"].sum(axis=(0, 2)), 1.0)      # [D]
-        split = jax.tree.map(lambda x: x.reshape((micro, x.shape[0] // micro) + x.shape[1:]), batch)
-
+        split = jax.tree.map(split_micro, batch)
         # Randomness (NVFP4 stochastic rounding) derives from (seed, step, microbatch): a resumed
         # run draws exactly the same numbers.
         step_key = jax.random.fold_in(jax.random.key(cfg.seed), state.step)
@@ -194,6 +280,20 @@ def build(model: Transformer, cfg: Config) -> tuple[StepFns, TrainState]:
         _, aux = loss_fn(state.params, state.buffers, batch, denom, mtp_denom)
         return {"ce_sum": aux["ce"] * denom, "tokens": denom, "mtp": aux["mtp"]}
 
+    return train_step, eval_step
+
+
+def build(model: Transformer, cfg: Config) -> tuple[StepFns, TrainState]:
+    """Splits `model`, builds the optimizer and the jitted train/eval steps; returns the initial
+    TrainState (step 0)."""
+    graphdef, params_state, buffer_state = nnx.split(model, nnx.Param, ...)
+    axes, paths = _axes_and_paths(params_state)
+    tx = make_optimizer(cfg.train, axes, paths)
+    params = nnx.to_pure_dict(params_state)
+    buffers = nnx.to_pure_dict(buffer_state)
+    abstract_params = jax.tree.map(lambda x: x, params_state)
+    abstract_buffers = jax.tree.map(lambda x: x, buffer_state)
+    train_step, eval_step = make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg)
     fns = StepFns(graphdef=graphdef, abstract_params=abstract_params,
                   abstract_buffers=abstract_buffers, axes=axes, tx=tx,
                   train_step=jax.jit(train_step, donate_argnums=0), eval_step=jax.jit(eval_step))

@@ -40,6 +40,7 @@ CASES = {
                        "grad"),
     "ep_f2e4_train": (dict(fsdp=2, expert=4, rules="ep_fsdp"), "train"),
     "ep_dispatch_vs_dense": (dict(fsdp=2, expert=4, rules="ep_fsdp"), "moe"),
+    "step_f2c2e2_chunked": (dict(fsdp=2, context=2, expert=2, rules="cp_ep"), "step"),
     # slow variants
     "ep_d2e2t2_auto": (dict(data=2, fsdp=1, expert=2, tensor=2, rules="ep_fsdp"), "grad"),
     "fsdp_f8": (dict(rules="fsdp"), "grad"),
@@ -146,11 +147,51 @@ def check_moe(mc):
     return res
 
 
+def check_step(mc):
+    """The training step itself (composer_jax.train.step) on the mesh vs one device: token-chunked
+    LM-head losses, MTP self-distillation shifted across context shards, 2 microbatches, blocked
+    (flash) attention over the all-gathered latent, one AdamW update."""
+    from composer_jax.config import Config, MTPLoss, Optimizer, TrainConfig
+    from composer_jax.data.config import DataConfig
+    from composer_jax.train.optimizers import make_optimizer
+    from composer_jax.train.step import TrainState, _axes_and_paths, make_step_fns
+
+    model_cfg = dataclasses.replace(tiny(), attention_kv_block=4, remat="full")
+    cfg = Config(model=model_cfg, data=DataConfig(global_batch_size=8, seq_len=16, vocab_size=512),
+                 train=TrainConfig(steps=10, warmup_steps=0, microbatches=2, z_loss=1e-3,
+                                   mtp_loss=MTPLoss.SELF_DISTILL, optimizer=Optimizer.ADAMW))
+    graphdef, ps, bs = nnx.split(init_model(model_cfg), nnx.Param, ...)
+    axes, paths = _axes_and_paths(ps)
+    tx = make_optimizer(cfg.train, axes, paths)
+    params, buffers = nnx.to_pure_dict(ps), nnx.to_pure_dict(bs)
+    zero = jnp.zeros((), jnp.int32)
+    state = TrainState(step=zero, params=params, buffers=buffers, opt_state=tx.init(params),
+                       nonfinite_streak=zero, nonfinite_total=zero)
+    batch = packed_batch(model_cfg)
+    batch["mtp_targets"] = jnp.roll(batch["tokens"], -2, 1)[:, None]
+    batch["mtp_mask"] = jnp.roll(batch["loss_mask"], -1, 1)[:, None].at[..., -2:].set(0.0)
+    ref_step, _ = make_step_fns(graphdef, ps, bs, tx, cfg, None, chunk_tokens=2)
+    ref_state, ref = jax.jit(ref_step)(state, batch)
+    pc = context_from_config(make_mesh(mc), mc)
+    step, _ = make_step_fns(graphdef, ps, bs, tx, cfg, pc, chunk_tokens=2)
+    out_state, out = api.jit_with_context(step, pc)(state, batch)
+    return {"loss": abs(float(out["loss"] - ref["loss"])),
+            "mtp": abs(float(out["mtp_loss"] - ref["mtp_loss"])),
+            "grad_norm": abs(float(out["grad_norm"] - ref["grad_norm"])),
+            "params": maxdiff(out_state.params, ref_state.params),
+            "mtp_scale": float(ref["mtp_loss"])}
+
+
 def main(names):
     for name in names:
         kwargs, kind = CASES[name]
         mc = MeshConfig(**kwargs)
-        res = check_moe(mc) if kind == "moe" else check_model(mc, kind)
+        if kind == "moe":
+            res = check_moe(mc)
+        elif kind == "step":
+            res = check_step(mc)
+        else:
+            res = check_model(mc, kind)
         print("RESULT " + json.dumps({"case": name, **res}), flush=True)
 
 

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 GROUPS = {
     "a": ["fsdp_d2f2t2", "cp_c4e2_allgather", "ep_dispatch_vs_dense", "ep_f2e4_train"],
-    "b": ["ep_d2e2t2_explicit", "cp_f2c2e2_ring"],
+    "b": ["ep_d2e2t2_explicit", "cp_f2c2e2_ring", "step_f2c2e2_chunked"],
     "slow": ["ep_d2e2t2_auto", "fsdp_f8", "cp_c2e2t2_ring_explicit", "cp_c8_allgather"],
 }
 TOL = 2e-5
@@ -41,6 +41,10 @@ def check(r):
         assert r["out"] < TOL and r["grad"] < 1e-4 and r["dropped"] == 0.0, r
         assert r["cap_out"] < TOL, r
         assert r["cap_dropped"] == pytest.approx(r["cap_dropped_expected"]) and r["cap_dropped"] > 0
+    elif "mtp_scale" in r:  # the training step (train/step.py) on the mesh
+        assert r["mtp_scale"] > 1e-4, r           # self-distillation is not trivially zero
+        assert r["loss"] < TOL and r["mtp"] < TOL and r["grad_norm"] < TOL, r
+        assert r["params"] < 5e-5, r
     elif "params" in r:  # one sharded AdamW step
         assert r["loss"] < TOL and r["grad_norm"] < TOL and r["params"] < 5e-5, r
         assert "fsdp" in r["param_sharded"], r   # parameters really are sharded
