@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import jax
 import optax
-from optax.contrib import MuonDimensionNumbers, muon
+from optax.contrib import MuonDimensionNumbers
 
 from composer_jax.config import Optimizer, TrainConfig
+from composer_jax.train.muon import muon
 from composer_jax.train.schedules import make_schedule
 
 # Leading logical axes that stack independent matrices (Muon orthogonalises each separately).
@@ -52,9 +53,12 @@ def make_optimizer(cfg: TrainConfig, axes_tree, paths_tree) -> optax.GradientTra
     if cfg.optimizer == Optimizer.ADAMW:
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=mask)
     else:
-        opt = muon(lr, beta=cfg.b1, weight_decay=cfg.weight_decay, weight_decay_mask=mask,
+        # Our Muon (train/muon.py), not optax.contrib.muon: optax merges the stacking axes
+        # (layers x expert) into one before Newton-Schulz, which loses the expert sharding.
+        # Norm weights get no decay on the AdamW side either (optax's muon decays them).
+        opt = muon(lr, muon_dims(axes_tree, paths_tree), beta=cfg.b1,
+                   weight_decay=cfg.weight_decay, weight_decay_mask=mask, consistent_rms=0.2,
                    adam_b1=cfg.b1, adam_b2=cfg.b2, adam_weight_decay=cfg.weight_decay,
-                   muon_weight_dimension_numbers=muon_dims(axes_tree, paths_tree),
-                   consistent_rms=0.2)
+                   adam_weight_decay_mask=mask)
     chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
     return optax.chain(*chain, opt)
