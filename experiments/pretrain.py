@@ -26,7 +26,7 @@ import dataclasses
 import pathlib
 
 from composer_jax import registry
-from composer_jax.config import (Config, MTPLoss, Optimizer, RopeScaling,
+from composer_jax.config import (Config, MeshConfig, MTPLoss, Optimizer, RopeScaling,
                                  Schedule, TrainConfig, kimi_k2_5, small, tiny)
 from composer_jax.data.config import DataConfig, SftSource
 
@@ -60,10 +60,24 @@ def _k2_train(steps: int) -> TrainConfig:
                        mtp_lambda=0.3, log_every=10, eval_every=500, checkpoint_every=500)
 
 
+# Parallel layout for the pod stages, from the dry-run planner (README "Parallelism",
+# benchmarks/results/dry_run_{32k,256k}.json): expert parallelism sized independently of tensor
+# parallelism (tensor 1), context parallelism with the MLA latent all-gathered, fsdp filling the rest
+# (1 on 256 devices), 32 microbatches of 8192 tokens per device, 512-key attention blocks, and a
+# 1.25 expert capacity factor (bounded all-to-all receive buffers).
+def _pod_layout(cfg: Config, expert: int, context: int) -> Config:
+    mesh = MeshConfig(fsdp=-1, expert=expert, context=context, tensor=1, rules="cp_ep",
+                      cp_attention="allgather")
+    model = dataclasses.replace(cfg.model, attention_kv_block=512, moe_capacity_factor=1.25)
+    train = dataclasses.replace(cfg.train, microbatches=32)
+    return dataclasses.replace(cfg, mesh=mesh, model=model, train=train)
+
+
 def _cpt_32k() -> Config:
     model = dataclasses.replace(kimi_k2_5(), mtp_depth=1, remat="full")
     data = DataConfig(seq_len=32768, global_batch_size=2048, vocab_size=163840)
-    return Config(model=model, data=data, train=_k2_train(steps=20_000))
+    return _pod_layout(Config(model=model, data=data, train=_k2_train(steps=20_000)),
+                       expert=64, context=4)
 
 
 def _cpt_256k() -> Config:
@@ -75,7 +89,7 @@ def _cpt_256k() -> Config:
     data = DataConfig(seq_len=262144, global_batch_size=256, vocab_size=163840)
     train = dataclasses.replace(_k2_train(steps=2_000), lr=2e-5, warmup_steps=100,
                                 init_from="runs/cpt_32k")
-    return Config(model=model, data=data, train=train)
+    return _pod_layout(Config(model=model, data=data, train=train), expert=8, context=32)
 
 
 def _sft() -> Config:
