@@ -16,6 +16,7 @@ import json
 import pathlib
 
 from composer_jax.config import Config, to_dict
+from composer_jax.errors import ConfigError
 from composer_jax.model.flops import flops_per_token
 from composer_jax.model.params import count_params
 
@@ -38,6 +39,11 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     total, active = count_params(cfg.model)
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
     n_dev = cfg.mesh.num_devices or jax.device_count()
+    try:
+        cfg.mesh.resolved(n_dev)
+    except ConfigError as e:
+        raise ConfigError(f"{e}. A dry run plans on a virtual mesh of fake CPU devices: pass "
+                          f"--set mesh.num_devices=N to the job's device count") from None
     cfg_path = workdir / "dry_run_config.json"
     cfg_path.write_text(json.dumps(to_dict(cfg), indent=1))
     plan = run_in_subprocess(cfg, str(cfg_path), str(workdir / "dry_run_plan.json"), n_dev)
