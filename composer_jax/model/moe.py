@@ -21,6 +21,7 @@ from composer_jax.model import router as router_lib
 from composer_jax.quant.grouped import grouped_matmul
 from composer_jax.model.layers import MLP, Ctx, RouterBias, linear, make_param
 from composer_jax.parallel.expert import RowCodec, dispatch_expert_parallel
+from composer_jax.parallel.per_token import per_token
 from composer_jax.parallel.sharding import current
 
 
@@ -85,6 +86,20 @@ def dispatch_dense(x, idx, weights, w_gate, w_up, w_down, ctx: Ctx):
     return jnp.einsum("end,ne->nd", y.astype(jnp.float32), combine).astype(x.dtype)
 
 
+def route_local(x, segment_ids, w_router, bias, cfg: ModelConfig, replay_idx=None):
+    """`router.route_tokens` on each device's own tokens (composer_jax.parallel.per_token):
+    x [B,T,D], segment_ids [B,T], w_router [D,E], bias [E], replay_idx [B,T,K] or None ->
+    ((idx [B,T,K], weights [B,T,K], scores [B,T,E]), counts [E] summed over all token shards).
+
+    Under a parallel context the [N, E] logits and scores never leave their device (the router
+    weight and bias, D x E and E values, are replicated); without one it is `route_tokens`."""
+    tokens = (x, segment_ids) if replay_idx is None else (x, segment_ids, replay_idx)
+
+    def fn(tok, shared):
+        return router_lib.route_tokens(*tok[:2], *shared, cfg, *tok[2:])
+    return per_token(fn, tokens, (w_router, bias))
+
+
 class MoE(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: tuple[int, ...] = ()):
         d, e, f = cfg.hidden_size, cfg.num_routed_experts, cfg.moe_intermediate_size
@@ -106,38 +121,38 @@ class MoE(nnx.Module):
         through the all-to-all expert-parallel path (composer_jax.parallel.expert): its local
         expert matmuls are `dispatch_ragged`'s quantized ragged dot (same format, keys and tags;
         NVFP4 per-tensor scales reduced over the mesh), MXFP8 layers dispatch tokens as MXFP8
-        bytes, and counts are computed on the global arrays, so they are global loads.
+        bytes. Routing (router matmul, scores, biased group-limited top-k, combine weights, loads)
+        runs on each device's own tokens (`route_local`); counts are summed over the token shards,
+        so they are global loads.
 
         replay_idx [B,T,K]: router replay (use these experts). Padding tokens (segment 0) are
         routed like any other but not counted in the loads.
         """
         cfg = ctx.cfg
         b, t, d = x.shape
-        xf = x.reshape(b * t, d)
-        logits = jnp.einsum("nd,de->ne", xf.astype(jnp.float32),
-                            self.router[...].astype(jnp.float32))
-        replay = None if replay_idx is None else replay_idx.reshape(b * t, -1)
-        idx, weights, scores = router_lib.route(logits, self.bias[...], cfg, replay)
+        (idx, weights, scores), counts = route_local(x, segment_ids, self.router[...],
+                                                     self.bias[...], cfg, replay_idx)
         pc = current()
         dropped = jnp.zeros((), jnp.float32)
         if pc is not None and pc.expert_parallel:
             y, dropped = dispatch_expert_parallel(
-                x, idx.reshape(b, t, -1), weights.reshape(b, t, -1), self.w_gate[...],
-                self.w_up[...], self.w_down[...], ctx.dtype, pc, cfg.moe_capacity_factor,
-                grouped=expert_parallel_matmul(ctx), codec=expert_parallel_codec(ctx, d))
+                x, idx, weights, self.w_gate[...], self.w_up[...], self.w_down[...], ctx.dtype, pc,
+                cfg.moe_capacity_factor, grouped=expert_parallel_matmul(ctx),
+                codec=expert_parallel_codec(ctx, d))
         else:
             dispatch = dispatch_ragged if cfg.moe_impl == MoEImpl.RAGGED else dispatch_dense
-            y = dispatch(xf, idx, weights, self.w_gate[...], self.w_up[...], self.w_down[...], ctx)
+            y = dispatch(x.reshape(b * t, d), idx.reshape(b * t, -1), weights.reshape(b * t, -1),
+                         self.w_gate[...], self.w_up[...], self.w_down[...], ctx)
             y = y.reshape(b, t, d)
         if self.shared is not None:
             y = y + self.shared(x, ctx)
         valid = (segment_ids != 0)
         aux = {
-            "counts": router_lib.expert_counts(idx, cfg.num_routed_experts, valid.reshape(-1)),
-            "idx": idx.reshape(b, t, -1),
+            "counts": counts,
+            "idx": idx,
             "balance_loss": (router_lib.sequence_balance_loss(
-                scores.reshape(b, t, -1), idx.reshape(b, t, -1), cfg.num_routed_experts,
-                cfg.num_experts_per_tok, valid) if cfg.seq_aux_loss_coef > 0
+                scores, idx, cfg.num_routed_experts, cfg.num_experts_per_tok, valid)
+                if cfg.seq_aux_loss_coef > 0
                 else jnp.zeros((), jnp.float32)),
             "dropped_frac": dropped,
         }

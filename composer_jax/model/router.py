@@ -66,6 +66,25 @@ def route(logits: jax.Array, bias: jax.Array, cfg: ModelConfig,
     return idx, combine_weights(scores, idx, cfg), scores
 
 
+def route_tokens(x: jax.Array, segment_ids: jax.Array, w_router: jax.Array, bias: jax.Array,
+                 cfg: ModelConfig, replay_idx: jax.Array | None = None):
+    """The whole per-token routing of x [B, T, D] with router weight w_router [D, E]:
+    -> ((idx [B, T, K] int32, weights [B, T, K] f32, scores [B, T, E] f32), counts [E] int32).
+
+    Logits in float32, then `route`; counts are this call's expert loads (`expert_counts`,
+    padding tokens, segment 0, not counted). Every output but the counts is per token, so it can
+    run on each device's own tokens (composer_jax.parallel.per_token) with counts summed after.
+    """
+    b, t, d = x.shape
+    xf = x.reshape(b * t, d)
+    logits = jnp.einsum("nd,de->ne", xf.astype(jnp.float32), w_router.astype(jnp.float32))
+    replay = None if replay_idx is None else replay_idx.reshape(b * t, -1)
+    idx, weights, scores = route(logits, bias, cfg, replay)
+    counts = expert_counts(idx, cfg.num_routed_experts, (segment_ids != 0).reshape(-1))
+    per_tok = (idx.reshape(b, t, -1), weights.reshape(b, t, -1), scores.reshape(b, t, -1))
+    return per_tok, counts
+
+
 def expert_counts(idx: jax.Array, num_experts: int, valid: jax.Array | None = None) -> jax.Array:
     """Tokens routed to each expert [E] (int32) from idx [N, K]; `valid` [N] masks padding."""
     one_hot = jax.nn.one_hot(idx, num_experts, dtype=jnp.int32).sum(1)        # [N, E]
