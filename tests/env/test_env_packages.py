@@ -226,7 +226,8 @@ def test_package_tasks_validate_and_oracle_resolves(site, tmp_path):
 def test_simplejson_from_the_environment_makes_tasks(tmp_path):
     """The default package source, found in the running environment (requirements.txt)."""
     cfg = EnvConfig(num_tasks=2, python_versions=(_newest(),), kinds=("bug",),
-                    stdlib_sources=False, max_tasks_per_module=1, use_embeddings=False)
+                    stdlib_sources=False, package_sources=("simplejson",),
+                    max_tasks_per_module=1, use_embeddings=False)
     summary = generate_pool(cfg, tmp_path / "pool", progress=False)
     assert summary["num_tasks"] == 2 and summary["packages_missing"] == []
     (source,) = summary["sources"]
