@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from composer_jax.config import ModelConfig
 from composer_jax.model import rope as rope_lib
 from composer_jax.model.layers import Ctx, RMSNorm, linear, make_param
-from composer_jax.parallel.ring_attention import ring_attention
+from composer_jax.parallel.ring_attention import online_softmax_block, ring_attention
 from composer_jax.parallel.sharding import CPAttention, current, shard
 
 
@@ -140,14 +140,7 @@ def _flash_forward(q, kv, params, q_seg, kv_seg, q_idx, kv_idx, make_kv, scale, 
         kv_b, seg_b, idx_b = x
         k, v = make_kv(params, *kv_b)
         mask = _block_mask(q, q_seg, seg_b, q_idx, idx_b)
-        s = _scores(q, k, mask, scale)
-        m_new = jnp.maximum(m, s.max(-1))                                 # [B,H,T]
-        p = jnp.where(mask[:, None], jnp.exp(s - m_new[..., None]), 0.0)
-        corr = jnp.exp(m - m_new)
-        l = l * corr + p.sum(-1)
-        pv = jnp.einsum("bhts,bshd->bthd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        o = o * jnp.moveaxis(corr, 1, 2)[..., None] + pv
-        return (o, m_new, l), None
+        return online_softmax_block(q, k, v, mask, scale, o, m, l), None
 
     dv = jax.eval_shape(lambda: make_kv(params, *(a[0] for a in xs[0])))[1]
     zq = jnp.zeros((b, h, t), jnp.float32)
