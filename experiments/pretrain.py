@@ -110,6 +110,8 @@ def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
     last = train(cfg, workdir, kind="cpt")
     shown = {k: round(v, 4) for k, v in last.items() if not k.startswith("_")}
     print(f"final metrics: {shown}")
+    if last.get("_interrupted"):
+        return                       # preempted: the checkpoint is saved, exit promptly
     if "_fns" in last:
         tok = last["_tokenizer"]
         prompts = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n",

@@ -138,6 +138,7 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
           f"{flops_tok:.3g} FLOPs/token; peak {peak:.3g} FLOP/s/device ({peak_src})")
     writer = MetricsWriter(workdir)
     last: dict = {}
+    done = start
     t_log, tokens_since = time.perf_counter(), 0
     pbar = tqdm(total=tc.steps, initial=start, desc=workdir.name, dynamic_ncols=True)
     try:
@@ -186,4 +187,5 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     last["_state"] = state
     last["_fns"] = fns
     last["_tokenizer"] = tokenizer
+    last["_interrupted"] = done < tc.steps
     return last
