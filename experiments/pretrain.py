@@ -104,6 +104,8 @@ def _sft() -> Config:
 
 
 def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
+    import jax
+
     from composer_jax.inference import SamplingParams, generate
     from composer_jax.train.loop import train
 
@@ -112,11 +114,13 @@ def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
     print(f"final metrics: {shown}")
     if last.get("_interrupted"):
         return                       # preempted: the checkpoint is saved, exit promptly
-    if "_fns" in last:
+    if "_fns" in last and jax.process_count() == 1:
         tok = last["_tokenizer"]
         prompts = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n",
                    "class Stack:\n    def __init__(self):\n"]
-        model = last["_fns"].merge(last["_state"].params, last["_state"].buffers)
+        # samples on one device: the trained weights gathered off the mesh
+        params, buffers = jax.device_get((last["_state"].params, last["_state"].buffers))
+        model = last["_fns"].merge(params, buffers)
         outs = generate(model, [tok.encode(p) for p in prompts],
                         SamplingParams(temperature=0.0, max_new_tokens=40))
         for p, c in zip(prompts, outs):

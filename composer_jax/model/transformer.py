@@ -24,7 +24,7 @@ from composer_jax.config import ModelConfig, Remat
 from composer_jax.model.attention import MLA
 from composer_jax.model.layers import MLP, Ctx, RMSNorm, linear, make_param
 from composer_jax.model.moe import MoE
-from composer_jax.parallel.sharding import gather_for_compute, shard
+from composer_jax.parallel.sharding import compute_value, gather_for_compute, shard
 
 
 @struct.dataclass
@@ -179,11 +179,11 @@ class Transformer(nnx.Module):
         self.mtp = MTPLayers(cfg, rngs, moe=has_moe) if cfg.mtp_depth > 0 else None
 
     def embed_tokens(self, tokens, ctx: Ctx):
-        return jnp.take(self.embed[...], tokens, axis=0).astype(ctx.dtype)
+        return jnp.take(compute_value(self.embed), tokens, axis=0).astype(ctx.dtype)
 
     def head(self, h, ctx: Ctx):
         """Normed hidden [..., D] -> float32 logits [..., V]."""
-        return lm_logits(h, self.lm_head[...], ctx.dtype)
+        return lm_logits(h, compute_value(self.lm_head), ctx.dtype)
 
     def __call__(self, tokens, positions=None, segment_ids=None, router_replay=None,
                  mtp_router_replay=None, with_mtp: bool = True, token_index=None,

@@ -21,8 +21,9 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from composer_jax.parallel import context_parallel as cp_lib
-from composer_jax.parallel.sharding import (ParallelContext, activate, check_batch,
-                                            logical_to_spec, state_shardings)
+from composer_jax.errors import ConfigError
+from composer_jax.parallel.sharding import (ParallelContext, activate, logical_to_spec,
+                                            state_shardings)
 
 
 def _explicit(pc: ParallelContext | None) -> bool:
@@ -88,14 +89,22 @@ def train_step(graphdef, tx, params, opt_state, batch, pc=None):
 # ---------------------------------------------------------------------------------------------
 
 
+def batch_field_axes(ndim: int) -> tuple:
+    """Logical axes of a batch field: [B,T] or [B,Dm,T] (MTP fields)."""
+    if ndim == 2:
+        return ("batch", "seq")
+    if ndim == 3:
+        return ("batch", None, "seq")
+    raise ConfigError(f"a batch field must be [B,T] or [B,Dm,T]; got rank {ndim}")
+
+
 def batch_shardings(batch: dict, pc: ParallelContext) -> dict:
-    """NamedSharding per batch field: [B,T] -> (batch, seq); [B,Dm,T] -> (batch, None, seq)."""
-    out = {}
-    for k, v in batch.items():
-        check_batch(v.shape, pc, what=f"batch field {k!r}")
-        axes = ("batch", "seq") if v.ndim == 2 else ("batch", None, "seq")
-        out[k] = NamedSharding(pc.mesh, logical_to_spec(axes, pc.rules, v.shape, pc.sizes))
-    return out
+    """NamedSharding per batch field (arrays or ShapeDtypeStructs): [B,T] -> (batch, seq);
+    [B,Dm,T] -> (batch, None, seq). A ConfigError names the field, the dim and the mesh axes
+    when B or T does not split over them."""
+    return {k: NamedSharding(pc.mesh, logical_to_spec(
+        batch_field_axes(v.ndim), pc.rules, v.shape, pc.sizes, what=f"batch field {k!r}"))
+        for k, v in batch.items()}
 
 
 def place(tree, shardings):

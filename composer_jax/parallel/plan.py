@@ -95,61 +95,28 @@ def _bytes_of(tree) -> int:
     return n
 
 
-def abstract_batch(cfg) -> dict:
-    """The train batch as ShapeDtypeStructs: [B,T] token fields, [B,Dm,T] MTP fields."""
+def sharded_step(cfg, mesh):
+    """(train_step jitted on `mesh`, abstract TrainState, abstract batch, params sharding plan):
+    exactly the step and shardings the training loop uses (`train.step.build_fns`); the abstract
+    inputs carry their shardings."""
     import jax
-    import jax.numpy as jnp
-    b, t, dm = cfg.data.global_batch_size, cfg.data.seq_len, max(cfg.model.mtp_depth, 1)
-    batch = {k: jax.ShapeDtypeStruct((b, t), jnp.int32) for k in
-             ("tokens", "positions", "segment_ids", "targets")}
-    batch["loss_mask"] = jax.ShapeDtypeStruct((b, t), jnp.float32)
-    batch["mtp_targets"] = jax.ShapeDtypeStruct((b, dm, t), jnp.int32)
-    batch["mtp_mask"] = jax.ShapeDtypeStruct((b, dm, t), jnp.float32)
-    return batch
-
-
-def sharded_step(cfg, pc):
-    """(train_step jitted under pc, abstract TrainState, abstract batch, params sharding plan);
-    the abstract inputs carry their shardings."""
-    import jax
-    import jax.numpy as jnp
     from flax import nnx
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     from composer_jax.model import abstract_model
-    from composer_jax.parallel import api
-    from composer_jax.parallel.rules import logical_to_spec
-    from composer_jax.parallel.sharding import (sharding_plan, shardings_like_params,
-                                                state_shardings)
-    from composer_jax.train.optimizers import make_optimizer
-    from composer_jax.train.step import TrainState, _axes_and_paths, make_step_fns
+    from composer_jax.parallel.sharding import sharding_plan
+    from composer_jax.train.placement import abstract_batch
+    from composer_jax.train.step import TrainState, build_fns
 
-    graphdef, params_state, buffer_state = nnx.split(abstract_model(cfg.model), nnx.Param, ...)
-    axes, paths = _axes_and_paths(params_state)
-    tx = make_optimizer(cfg.train, axes, paths)
-    train_step, _ = make_step_fns(graphdef, params_state, buffer_state, tx, cfg, pc)
-    params, buffers = nnx.to_pure_dict(params_state), nnx.to_pure_dict(buffer_state)
-    p_sh = nnx.to_pure_dict(state_shardings(params_state, pc))
-    b_sh = nnx.to_pure_dict(state_shardings(buffer_state, pc))
-    opt = jax.eval_shape(tx.init, params)
-    o_sh = shardings_like_params(opt, params, p_sh, pc.mesh)
-    rep = NamedSharding(pc.mesh, P())
-    scalar = jax.ShapeDtypeStruct((), jnp.int32)
-    state = TrainState(step=scalar, params=params, buffers=buffers, opt_state=opt,
-                       nonfinite_streak=scalar, nonfinite_total=scalar)
-    state_sh = TrainState(step=rep, params=p_sh, buffers=b_sh, opt_state=o_sh,
-                          nonfinite_streak=rep, nonfinite_total=rep)
-    batch = abstract_batch(cfg)
-    batch_sh = {k: NamedSharding(pc.mesh, logical_to_spec(
-        ("batch", "seq") if v.ndim == 2 else ("batch", None, "seq"), pc.rules, v.shape, pc.sizes,
-        what=f"batch field {k!r}")) for k, v in batch.items()}
-    with_sh = lambda tree, sh: jax.tree.map(  # noqa: E731
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
-    step = api.jit_with_context(train_step, pc, in_shardings=(state_sh, batch_sh),
-                                out_shardings=(state_sh, None), donate_argnums=(0,))
-    return step, with_sh(state, state_sh), with_sh(batch, batch_sh), sharding_plan(params_state,
-                                                                                   pc)
+    fns = build_fns(abstract_model(cfg.model), cfg, mesh)
+    pl = fns.placement
+    params = nnx.to_pure_dict(fns.abstract_params)
+    scalar = jax.ShapeDtypeStruct((), "int32")
+    state = TrainState(step=scalar, params=params, buffers=nnx.to_pure_dict(fns.abstract_buffers),
+                       opt_state=jax.eval_shape(fns.tx.init, params), nonfinite_streak=scalar,
+                       nonfinite_total=scalar)
+    return (fns.train_step, pl.with_shardings(state, pl.state),
+            pl.with_shardings(abstract_batch(cfg), pl.batch),
+            sharding_plan(fns.abstract_params, pl.pc))
 
 
 def compile_plan(cfg, dump_dir: str | None = None) -> dict:
@@ -170,7 +137,7 @@ def compile_plan(cfg, dump_dir: str | None = None) -> dict:
     # (mesh.axis_type=explicit changes how constraints are applied, not the layout).
     mesh = make_mesh(cfg.mesh, devices=jax.devices()[:n_dev], axis_type="auto")
     pc = context_from_config(mesh, cfg.mesh)
-    step, state, batch, plan = sharded_step(cfg, pc)
+    step, state, batch, plan = sharded_step(cfg, mesh)
     t0 = time.time()
     with jax.set_mesh(mesh):
         lowered = step.jitted.lower(state, batch)

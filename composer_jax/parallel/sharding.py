@@ -175,6 +175,17 @@ def gather_for_compute(state):
     return jax.tree.map_with_path(one, state, is_leaf=_is_var)
 
 
+def compute_value(v: nnx.Variable) -> jax.Array:
+    """A parameter's value in its compute layout (FSDP storage axes gathered); `v[...]` without
+    a context. For parameters used outside the scanned layers (embedding, LM head): a lookup or
+    matmul against a table sharded over `embed` would otherwise leave its output split over the
+    model dim, which XLA can only re-split over batch/seq by replicating it first."""
+    pc = current()
+    if pc is None:
+        return v[...]
+    return constrain(v[...], param_spec(None, v, pc, compute=True))
+
+
 def _key_name(k) -> str:
     for attr in ("key", "name", "idx"):
         if hasattr(k, attr):
@@ -223,5 +234,6 @@ def check_batch(shape, pc: ParallelContext, what: str = "batch"):
 
 
 __all__ = ["CPAttention", "ParallelContext", "activate", "current", "shard", "constrain",
-           "state_shardings", "shardings_like_params", "gather_for_compute", "sharding_plan",
+           "state_shardings", "shardings_like_params", "gather_for_compute", "compute_value",
+           "sharding_plan",
            "param_spec", "ConfigError"]

@@ -1,8 +1,9 @@
 """The training loop shared by the CPT, long-context and SFT experiments.
 
-Builds (or loads from the cache) the corpus and tokenizer, the model (fresh, from an HF directory, or
-from a previous run's Orbax checkpoint via train.init_from), the pure train step, and runs it with
-tqdm progress, metrics.jsonl + TensorBoard, periodic validation, asynchronous checkpoints (resume is
+Builds (or loads from the cache) the corpus and tokenizer, the device mesh from `cfg.mesh` (the
+first `mesh.num_devices` devices, or all), the model (fresh, from an HF directory, or from a previous
+run's Orbax checkpoint via train.init_from) placed on the mesh by the rules table, the pure train
+step jitted with those shardings, and runs it with tqdm progress, metrics.jsonl + TensorBoard, periodic validation, asynchronous checkpoints (resume is
 exact: parameters, optimizer state, step and data-iterator position), a save on SIGTERM, and a
 loss-curve PNG at the end.
 """
@@ -16,30 +17,40 @@ from tqdm import tqdm
 
 from composer_jax.config import Config
 from composer_jax.errors import ComposerError
-from composer_jax.model import init_model
 from composer_jax.model.flops import flops_per_token
 from composer_jax.runlog import MetricsWriter, metric_series, read_metrics
 from composer_jax.train.checkpoint import Checkpointer
 from composer_jax.train.mfu import peak_flops_per_device
 from composer_jax.train.schedules import make_schedule
-from composer_jax.train.step import build
+from composer_jax.train.step import build, build_fresh
 
 
 class NonFiniteLossError(ComposerError):
     """Too many consecutive steps with a NaN/Inf loss or gradient."""
 
 
-def _initial_model(cfg: Config):
+def training_mesh(cfg: Config):
+    """The mesh of `cfg.mesh` over the first `mesh.num_devices` devices (0 = all of them)."""
+    from composer_jax.parallel.mesh import make_mesh
+    devices = jax.devices()
+    n = cfg.mesh.num_devices or len(devices)
+    if n > len(devices):
+        raise ComposerError(f"mesh.num_devices={n} but JAX sees {len(devices)} devices "
+                            f"({devices[0].platform}); set mesh.num_devices=0 to use all of them")
+    return make_mesh(cfg.mesh, devices=devices[:n], axis_type=cfg.mesh.axis_type)
+
+
+def _build(cfg: Config, mesh):
+    """(StepFns, initial TrainState): a fresh model is initialised sharded, directly on the mesh;
+    a Hugging Face checkpoint is loaded on the host and then placed."""
     src = cfg.train.init_from
-    if not src:
-        return init_model(cfg.model, cfg.seed)
-    path = pathlib.Path(src)
-    if (path / "checkpoints").is_dir():          # a previous run: params restored in train()
-        return init_model(cfg.model, cfg.seed)
+    path = pathlib.Path(src) if src else None
+    if not src or (path / "checkpoints").is_dir():   # a previous run: params restored in train()
+        return build_fresh(cfg, mesh)
     if (path / "config.json").exists() and list(path.glob("*.safetensors")):
         from composer_jax.model.hf import load_hf
         hf_cfg, model = load_hf(path, dtype=cfg.model.param_dtype.value)
-        return model
+        return build(model, cfg, mesh)
     raise ComposerError(f"train.init_from={src!r} is not a Hugging Face checkpoint directory "
                         f"(config.json + *.safetensors); use '' for a fresh model, or resume a run "
                         f"by reusing its --workdir")
@@ -106,9 +117,8 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     """
     workdir = pathlib.Path(workdir)
     tc = cfg.train
-    model = _initial_model(cfg)
-    fns, state = build(model, cfg)
-    del model
+    mesh = training_mesh(cfg)
+    fns, state = _build(cfg, mesh)
     ckpt = Checkpointer(workdir / "checkpoints", cfg, tc.checkpoint_every, tc.keep_checkpoints)
     restored = ckpt.restore_latest(state)
     if restored is None and tc.init_from and (pathlib.Path(tc.init_from) / "checkpoints").is_dir():
@@ -120,20 +130,23 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
         if found is None:
             raise ComposerError(f"train.init_from={tc.init_from!r} holds no checkpoint")
         state = state.replace(params=found[0].params, buffers=found[0].buffers,
-                              opt_state=fns.tx.init(found[0].params))
+                              opt_state=fns.init_opt_state(found[0].params))
         print(f"initialised from {tc.init_from} (step {found[2]})")
     data_state = None
     if restored is not None:
         state, data_state, step = restored
         print(f"resumed from {ckpt.directory} at step {step}")
     tokenizer, it, eval_batches = _data(cfg, workdir, kind, data_state)
+    eval_batches = [fns.place_batch(b) for b in eval_batches]
     ckpt.install_sigterm_handler()
-    seq_len, batch = cfg.data.seq_len, cfg.data.global_batch_size
-    flops_tok = flops_per_token(cfg.model, seq_len)["total"]
+    flops_tok = flops_per_token(cfg.model, cfg.data.seq_len)["total"]
     peak, peak_src = peak_flops_per_device()
-    n_dev = jax.device_count()
+    n_dev = mesh.size
     lr_at = make_schedule(tc)
     start = int(state.step)
+    sizes = {a: n for a, n in zip(mesh.axis_names, mesh.axis_sizes) if n > 1}
+    print(f"mesh: {n_dev} {mesh.devices.flat[0].platform} device(s) {sizes or ''} "
+          f"rules {cfg.mesh.rules}")
     print(f"training {cfg.model.name} for {tc.steps} steps from step {start}; "
           f"{flops_tok:.3g} FLOPs/token; peak {peak:.3g} FLOP/s/device ({peak_src})")
     writer = MetricsWriter(workdir)
@@ -143,9 +156,9 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     pbar = tqdm(total=tc.steps, initial=start, desc=workdir.name, dynamic_ncols=True)
     try:
         for step in range(start, tc.steps):
-            b = next(it)
+            b = fns.place_batch(next(it))
             state, m = fns.train_step(state, b)
-            tokens_since += int(b["tokens"].size) * jax.process_count()
+            tokens_since += int(b["tokens"].size)      # global rows x seq_len
             done = step + 1
             if int(state.nonfinite_streak) >= tc.max_nonfinite_steps:
                 raise NonFiniteLossError(
@@ -167,12 +180,13 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
                 last = m
                 pbar.set_postfix({k: f"{m[k]:.3f}" for k in ("loss", "val_loss") if k in m})
                 t_log, tokens_since = time.perf_counter(), 0
-            ckpt.save(done, state, it.get_state(), force=done == tc.steps)
+            saved = ckpt.save(done, state, it.get_state(), force=done == tc.steps)
             pbar.update(1)
             if interrupt_at is not None and done == interrupt_at:
                 ckpt.stop_requested = True
             if ckpt.stop_requested:
-                ckpt.save(done, state, it.get_state(), force=True)
+                if not saved:      # this step's checkpoint may already be on its way
+                    ckpt.save(done, state, it.get_state(), force=True)
                 ckpt.wait()
                 print(f"SIGTERM: saved step {done} to {ckpt.directory}; rerun the same command "
                       f"to resume")

@@ -19,14 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx, struct
+from jax.sharding import AxisType
 
 from composer_jax.config import Config, MTPLoss
+from composer_jax.model import abstract_model, init_model
 from composer_jax.model import router as router_lib
 from composer_jax.model.transformer import Transformer, lm_logits
+from composer_jax.parallel import api
 from composer_jax.parallel import context_parallel as cp_lib
-from composer_jax.parallel.sharding import shard
+from composer_jax.parallel.sharding import compute_value, context_from_config, shard
 from composer_jax.train import losses
 from composer_jax.train.optimizers import make_optimizer
+from composer_jax.train.placement import Placement
 
 
 @struct.dataclass
@@ -42,7 +46,11 @@ class TrainState:
 
 @dataclasses.dataclass(frozen=True)
 class StepFns:
-    """The model's static structure and the functions built around it."""
+    """The model's static structure and the functions built around it.
+
+    placement: the shardings of the state and batch on a mesh (None: one device, no mesh); the
+    jitted steps then take and return state and batches in exactly those shardings.
+    """
     graphdef: Any
     abstract_params: Any
     abstract_buffers: Any
@@ -50,11 +58,38 @@ class StepFns:
     tx: optax.GradientTransformation
     train_step: Callable
     eval_step: Callable
+    placement: Placement | None = None
 
     def merge(self, params: dict, buffers: dict) -> Transformer:
         """A model module holding `params` and `buffers` (pure dicts)."""
         return merge_model(self.graphdef, self.abstract_params, self.abstract_buffers, params,
                            buffers)
+
+    def _jit_out(self, fn, out):
+        if self.placement is None:
+            return jax.jit(fn)
+        return api.jit_with_context(fn, self.placement.pc, out_shardings=out)
+
+    def init_state(self, cfg: Config) -> TrainState:
+        """A fresh TrainState (model initialised from `cfg.seed`), created by one jitted function
+        directly in its shardings: no host ever holds the whole model. Equal to eager init."""
+        def make():
+            _, p, b = nnx.split(init_model(cfg.model, cfg.seed), nnx.Param, ...)
+            return initial_state(nnx.to_pure_dict(p), nnx.to_pure_dict(b), self.tx)
+        return self._jit_out(make, self.placement and self.placement.state)()
+
+    def init_opt_state(self, params: dict):
+        """Fresh optimizer state for `params`, in the optimizer state's shardings."""
+        return self._jit_out(self.tx.init, self.placement and self.placement.state.opt_state)(
+            params)
+
+    def place_state(self, state: TrainState) -> TrainState:
+        """`state` (host or device arrays) moved into the placement's shardings."""
+        return state if self.placement is None else jax.device_put(state, self.placement.state)
+
+    def place_batch(self, batch: dict) -> dict:
+        """This host's share of a batch (numpy) as global arrays on the mesh (or as is)."""
+        return batch if self.placement is None else self.placement.place_batch(batch)
 
 
 def merge_model(graphdef, abstract_params, abstract_buffers, params: dict, buffers: dict):
@@ -143,7 +178,7 @@ def _forward_losses(model: Transformer, batch: dict, cfg: Config, denom, mtp_den
                 mtp_tokens=inputs.get("mtp_tokens"), quant_key=key, logits=False)
     tc = cfg.train
     dtype = jnp.dtype(cfg.model.compute_dtype.value)
-    w = model.lm_head[...]
+    w = compute_value(model.lm_head)
     n = loss_chunks(*inputs["tokens"].shape, pc, chunk_tokens)
 
     def head(h, w):
@@ -283,21 +318,58 @@ def make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg: Config, 
     return train_step, eval_step
 
 
-def build(model: Transformer, cfg: Config) -> tuple[StepFns, TrainState]:
-    """Splits `model`, builds the optimizer and the jitted train/eval steps; returns the initial
-    TrainState (step 0)."""
+def initial_state(params: dict, buffers: dict, tx) -> TrainState:
+    """TrainState at step 0 for the given parameters and router biases."""
+    def zero():   # one buffer per counter: the train step donates them all
+        return jnp.zeros((), jnp.int32)
+    return TrainState(step=zero(), params=params, buffers=buffers, opt_state=tx.init(params),
+                      nonfinite_streak=zero(), nonfinite_total=zero())
+
+
+def build_fns(model: Transformer, cfg: Config, mesh=None) -> StepFns:
+    """Splits `model` (concrete or abstract: `model.abstract_model`), builds the optimizer and the
+    jitted train/eval steps. With `mesh` (a jax Mesh built from `cfg.mesh`) the steps are traced
+    under its ParallelContext (rules `cfg.mesh.rules`) with the state and batch shardings of
+    `Placement` as in/out shardings; the state argument is donated."""
     graphdef, params_state, buffer_state = nnx.split(model, nnx.Param, ...)
     axes, paths = _axes_and_paths(params_state)
     tx = make_optimizer(cfg.train, axes, paths)
-    params = nnx.to_pure_dict(params_state)
-    buffers = nnx.to_pure_dict(buffer_state)
     abstract_params = jax.tree.map(lambda x: x, params_state)
     abstract_buffers = jax.tree.map(lambda x: x, buffer_state)
-    train_step, eval_step = make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg)
-    fns = StepFns(graphdef=graphdef, abstract_params=abstract_params,
-                  abstract_buffers=abstract_buffers, axes=axes, tx=tx,
-                  train_step=jax.jit(train_step, donate_argnums=0), eval_step=jax.jit(eval_step))
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, buffers=buffers,
-                       opt_state=tx.init(params), nonfinite_streak=jnp.zeros((), jnp.int32),
-                       nonfinite_total=jnp.zeros((), jnp.int32))
-    return fns, state
+    pc = None if mesh is None else context_from_config(mesh, cfg.mesh)
+    train_step, eval_step = make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg, pc)
+    if pc is None:
+        placement = None
+        train_jit, eval_jit = jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+    else:
+        placement = Placement.build(params_state, buffer_state, tx, cfg, pc, TrainState)
+        rep = placement.replicated
+        if any(t == AxisType.Explicit for t in mesh.axis_types):
+            # sharding in types at the boundary; the step body runs with GSPMD propagation and
+            # the rules' constraints (`shard`), as the model's functions do (parallel/api.py)
+            train_step = jax.sharding.auto_axes(train_step, out_sharding=(placement.state, rep))
+            eval_step = jax.sharding.auto_axes(eval_step, out_sharding=rep)
+        train_jit = api.jit_with_context(train_step, pc, in_shardings=(placement.state, None),
+                                         out_shardings=(placement.state, rep),
+                                         donate_argnums=(0,))
+        eval_jit = api.jit_with_context(eval_step, pc, in_shardings=(placement.state, None),
+                                        out_shardings=rep)
+    return StepFns(graphdef=graphdef, abstract_params=abstract_params,
+                   abstract_buffers=abstract_buffers, axes=axes, tx=tx, train_step=train_jit,
+                   eval_step=eval_jit, placement=placement)
+
+
+def build(model: Transformer, cfg: Config, mesh=None) -> tuple[StepFns, TrainState]:
+    """`build_fns` plus the initial TrainState (step 0) holding `model`'s weights, placed on the
+    mesh when there is one."""
+    fns = build_fns(model, cfg, mesh)
+    _, params_state, buffer_state = nnx.split(model, nnx.Param, ...)
+    state = initial_state(nnx.to_pure_dict(params_state), nnx.to_pure_dict(buffer_state), fns.tx)
+    return fns, fns.place_state(state)
+
+
+def build_fresh(cfg: Config, mesh=None) -> tuple[StepFns, TrainState]:
+    """`build_fns` for a freshly initialised model (seed `cfg.seed`) and its TrainState, created
+    sharded from the start (`StepFns.init_state`)."""
+    fns = build_fns(abstract_model(cfg.model), cfg, mesh)
+    return fns, fns.init_state(cfg)
