@@ -11,6 +11,7 @@ parameters and FLOPs/token and writes WORKDIR/dry_run.json without allocating pa
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
@@ -52,7 +53,7 @@ def main(argv):
         cfg = apply_overrides(exp.make_config(), FLAGS.set, SECTION_PRESETS)
         workdir = pathlib.Path(FLAGS.workdir or f"runs/{exp.name}").absolute()
         workdir.mkdir(parents=True, exist_ok=True)
-        tmp = workdir / "config.json.tmp"
+        tmp = workdir / f"config.json.tmp{os.getpid()}"     # one per process (multi-host)
         tmp.write_text(json.dumps(to_dict(cfg), indent=2))
         tmp.replace(workdir / "config.json")
         if FLAGS.dry_run:

@@ -9,18 +9,24 @@ import time
 
 
 class MetricsWriter:
-    """Appends metrics to WORKDIR/metrics.jsonl and WORKDIR/tb (tensorboardX)."""
+    """Appends metrics to WORKDIR/metrics.jsonl and WORKDIR/tb (tensorboardX).
 
-    def __init__(self, workdir, tensorboard: bool = True):
+    enabled=False (every process but the first of a multi-host run) writes nothing."""
+
+    def __init__(self, workdir, tensorboard: bool = True, enabled: bool = True):
         self.workdir = pathlib.Path(workdir)
+        self._file = self._tb = None
+        if not enabled:
+            return
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.workdir / "metrics.jsonl", "a", buffering=1)
-        self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(str(self.workdir / "tb"))
 
     def write(self, step: int, metrics: dict) -> None:
+        if self._file is None:
+            return
         row = {"step": int(step), "time": time.time()}
         for k, v in metrics.items():
             v = float(v) if not isinstance(v, (str, bool)) else v
@@ -30,7 +36,8 @@ class MetricsWriter:
         self._file.write(json.dumps(row) + "\n")
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 

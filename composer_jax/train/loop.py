@@ -61,7 +61,8 @@ def _data(cfg: Config, workdir: pathlib.Path, kind: str, start_state):
 
     corpus = data.build_or_load_corpus(cfg.data)
     tokenizer = data.build_or_load_tokenizer(cfg.data, corpus, cfg.model.vocab_size)
-    tokenizer.save(workdir / "tokenizer.json")
+    if jax.process_index() == 0:
+        tokenizer.save(workdir / "tokenizer.json")
     make = data.make_sft_iterator if kind == "sft" else data.make_train_iterator
     it = make(cfg.data, tokenizer, cfg.model.mtp_depth, jax.process_index(), jax.process_count(),
               start_state, corpus=corpus)
@@ -149,11 +150,13 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
           f"rules {cfg.mesh.rules}")
     print(f"training {cfg.model.name} for {tc.steps} steps from step {start}; "
           f"{flops_tok:.3g} FLOPs/token; peak {peak:.3g} FLOP/s/device ({peak_src})")
-    writer = MetricsWriter(workdir)
+    lead = jax.process_index() == 0          # the one process that writes logs and plots
+    writer = MetricsWriter(workdir, enabled=lead)
     last: dict = {}
     done = start
     t_log, tokens_since = time.perf_counter(), 0
-    pbar = tqdm(total=tc.steps, initial=start, desc=workdir.name, dynamic_ncols=True)
+    pbar = tqdm(total=tc.steps, initial=start, desc=workdir.name, dynamic_ncols=True,
+                disable=not lead)
     try:
         for step in range(start, tc.steps):
             b = fns.place_batch(next(it))
@@ -195,7 +198,7 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
         pbar.close()
         writer.close()
         ckpt.close()
-    png = plot_curves(workdir)
+    png = plot_curves(workdir) if lead else None
     if png:
         print(f"loss curve: {png}")
     last["_state"] = state

@@ -1,7 +1,9 @@
 """The training loop (`train.loop.train`) on a mesh of 8 fake CPU devices vs one device.
 
 Run as a script in a subprocess (the XLA flag must precede JAX):
-    python sharded_loop_cases.py WORKDIR CASE [CASE ...]
+    python sharded_loop_cases.py WORKDIR CASE [CASE ...]             one process, 8 devices
+    python sharded_loop_cases.py --process I N PORT WORKDIR CASE ...  process I of N (multi-host:
+        jax.distributed over localhost:PORT, 8/N CPU devices each, gloo collectives)
 Each case trains the same tiny config on real local code through the whole loop (data pipeline,
 placement by the rules table, jitted sharded step, evaluation, Orbax checkpoints) and prints
 `RESULT {json}` with its logged metrics and how its state is laid out.
@@ -9,7 +11,9 @@ placement by the rules table, jitted sharded step, evaluation, Orbax checkpoints
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+MULTI = sys.argv[1] == "--process"
+NUM_PROCESSES = int(sys.argv[3]) if MULTI else 1
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // NUM_PROCESSES}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -77,8 +81,15 @@ def main(root: str, names: list[str]) -> None:
     assert jax.device_count() == 8, jax.devices()
     for name in names:
         res = run(pathlib.Path(root) / name, name)
-        print("RESULT " + json.dumps(res), flush=True)
+        res["processes"] = jax.process_count()
+        if jax.process_index() == 0:
+            print("RESULT " + json.dumps(res), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    if MULTI:
+        from composer_jax.parallel.multihost import initialize
+        assert initialize(f"localhost:{sys.argv[4]}", NUM_PROCESSES, int(sys.argv[2]))
+        main(sys.argv[5], sys.argv[6:])
+    else:
+        main(sys.argv[1], sys.argv[2:])

@@ -6,9 +6,12 @@ optimizer state and batches placed by the rules table, the jitted sharded step, 
 Orbax checkpoints. Training loss, gradient norm and validation loss of every logged step must
 match the single-device run, and the state must really be split over the devices. One case stops
 a cp_ep run at a checkpoint step and resumes it on an fsdp mesh (Orbax reshards on restore).
+The multi-host test runs the same loop as two processes of 4 CPU devices each (jax.distributed on
+localhost, gloo collectives): each process loads only its half of every batch.
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -21,25 +24,33 @@ GROUPS = {"a": ["one", "fsdp8", "cp_f2c2e2", "resume_cp_to_fsdp8"],
 TOL = 1e-4     # float32 at highest matmul precision; sharded sums only reorder the additions
 
 
-def run_cases(tmp_path, names):
+SCRIPT = os.path.join(HERE, "sharded_loop_cases.py")
+
+
+def _env():
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "sharded_loop_cases.py"),
-                           str(tmp_path), *names], capture_output=True, text=True, env=env,
-                          timeout=900)
-    results = {}
-    for line in proc.stdout.splitlines():
+    return env
+
+
+def _results(stdout: str) -> dict:
+    out = {}
+    for line in stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[len("RESULT "):])
-            results[r["case"]] = r
+            out[r["case"]] = r
+    return out
+
+
+def run_cases(tmp_path, names):
+    proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path), *names], capture_output=True,
+                          text=True, env=_env(), timeout=900)
+    results = _results(proc.stdout)
     assert proc.returncode == 0 and len(results) == len(names), proc.stderr[-4000:]
     return results
 
 
-@pytest.mark.parametrize("group", sorted(GROUPS))
-def test_sharded_training_loop_matches_one_device(tmp_path, group):
-    res = run_cases(tmp_path, GROUPS[group])
-    ref = res.pop("one")
+def check_against(ref: dict, res: dict) -> None:
     assert ref["devices"] == 1 and ref["step"] == 4
     assert set(ref["loss"]) == {"1", "2", "3", "4"} and {"2", "4"} <= set(ref["val"])
     assert ref["loss"]["4"] < ref["loss"]["1"] - 0.2, ref["loss"]     # it does train
@@ -52,3 +63,30 @@ def test_sharded_training_loop_matches_one_device(tmp_path, group):
         (full_w, shard_w), (full_e, shard_e) = r["expert_w"], r["embed"]
         assert shard_w[1] * shard_w[2] * shard_w[3] < full_w[1] * full_w[2] * full_w[3], r
         assert shard_e[0] * shard_e[1] < full_e[0] * full_e[1], r
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_sharded_training_loop_matches_one_device(tmp_path, group):
+    res = run_cases(tmp_path, GROUPS[group])
+    check_against(res.pop("one"), res)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_training_loop_matches_one_device(tmp_path):
+    names = ["fsdp8", "cp_f2c2e2"]
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, SCRIPT, "--process", str(i), "2", port,
+                               str(tmp_path / "multi"), *names], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env()) for i in range(2)]
+    ref = run_cases(tmp_path / "single", ["one"])["one"]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-4000:]
+    res = _results(outs[0][0])
+    assert set(res) == set(names) and all(r["processes"] == 2 for r in res.values()), res
+    check_against(ref, res)
