@@ -12,7 +12,7 @@ from composer_jax.data.config import DataConfig
 from composer_jax.model import init_model
 from composer_jax.runlog import read_metrics
 from composer_jax.train import losses
-from composer_jax.train.step import build
+from composer_jax.train.step import build, build_fresh
 
 
 def test_cross_entropy_matches_optax():
@@ -42,6 +42,22 @@ def _batch(b=4, t=16, v=256, d=1, seed=0):
                 segment_ids=np.ones((b, t), np.int32), targets=tgt, loss_mask=m,
                 mtp_targets=np.roll(toks, -2, 1)[:, None].repeat(d, 1),
                 mtp_mask=np.concatenate([m[:, None, 1:], np.zeros((b, 1, 1), np.float32)], -1))
+
+
+def test_sharded_init_equals_eager_init():
+    """The one-program init that creates a fresh state straight into its shardings (used for big
+    or multi-host runs) gives exactly the eager init's parameters and optimizer state."""
+    from composer_jax.train.loop import training_mesh
+    cfg = Config(model=tiny(), data=DataConfig(global_batch_size=4, vocab_size=512),
+                 train=TrainConfig(steps=10, warmup_steps=0))
+    mesh = training_mesh(cfg)
+    fns, fresh = build_fresh(cfg, mesh)
+    _, eager = build(init_model(cfg.model, cfg.seed), cfg, mesh)
+    leaves = jax.tree.leaves(fresh)
+    assert len(leaves) == len(jax.tree.leaves(eager)) > 50
+    for a, b in zip(leaves, jax.tree.leaves(eager)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert all(x.sharding.mesh.shape == mesh.shape for x in jax.tree.leaves(fresh.params))
 
 
 @pytest.mark.parametrize("mtp", [MTPLoss.SUPERVISED, MTPLoss.SELF_DISTILL])
