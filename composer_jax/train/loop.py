@@ -13,12 +13,10 @@ import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
 from tqdm import tqdm
 
 from composer_jax.config import Config
 from composer_jax.errors import ComposerError
-from composer_jax.model import count_params, init_model
 from composer_jax.model.flops import flops_per_token
 from composer_jax.runlog import MetricsWriter, metric_series, read_metrics
 from composer_jax.train.checkpoint import Checkpointer
@@ -42,23 +40,12 @@ def training_mesh(cfg: Config):
     return make_mesh(cfg.mesh, devices=devices[:n], axis_type=cfg.mesh.axis_type)
 
 
-# A fresh model up to this size (parameters, bytes) on a single-process run is initialised eagerly
-# on the host and then placed: compiling the one-program sharded init costs seconds on CPU, which
-# dominates small runs and tests. The values are the same either way (tests/train/test_train.py).
-EAGER_INIT_MAX_BYTES = 1 << 30
-
-
 def _build(cfg: Config, mesh):
-    """(StepFns, initial TrainState): a fresh model is initialised sharded, directly on the mesh
-    (small single-process runs: eagerly, then placed); a Hugging Face checkpoint is loaded on the
-    host and then placed."""
+    """(StepFns, initial TrainState): a fresh model (`build_fresh`), or a Hugging Face checkpoint
+    loaded on the host and then placed."""
     src = cfg.train.init_from
     path = pathlib.Path(src) if src else None
     if not src or (path / "checkpoints").is_dir():   # a previous run: params restored in train()
-        total, _ = count_params(cfg.model)
-        size = total * jnp.dtype(cfg.model.param_dtype.value).itemsize
-        if jax.process_count() == 1 and size <= EAGER_INIT_MAX_BYTES:
-            return build(init_model(cfg.model, cfg.seed), cfg, mesh)
         return build_fresh(cfg, mesh)
     if (path / "config.json").exists() and list(path.glob("*.safetensors")):
         from composer_jax.model.hf import load_hf

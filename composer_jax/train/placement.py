@@ -29,6 +29,7 @@ from composer_jax.errors import ConfigError
 from composer_jax.parallel.api import batch_shardings
 from composer_jax.parallel.sharding import (ParallelContext, shardings_like_params,
                                             state_shardings)
+from composer_jax.train.state import TrainState
 
 BATCH_FIELDS_2D = ("tokens", "positions", "segment_ids", "targets", "loss_mask")
 BATCH_FIELDS_MTP = ("mtp_targets", "mtp_mask")
@@ -62,7 +63,7 @@ def check_microbatches(cfg, pc: ParallelContext) -> None:
 class Placement:
     """Shardings of the TrainState (`state`, a TrainState of NamedShardings) and of one batch."""
     pc: ParallelContext
-    state: object
+    state: TrainState
     batch: dict
 
     @property
@@ -70,10 +71,8 @@ class Placement:
         return NamedSharding(self.pc.mesh, P())
 
     @classmethod
-    def build(cls, params_state, buffer_state, tx, cfg, pc: ParallelContext,
-              state_cls) -> "Placement":
-        """params_state / buffer_state: nnx States (arrays or ShapeDtypeStructs); state_cls: the
-        TrainState class (passed in to keep this module free of the step's imports)."""
+    def build(cls, params_state, buffer_state, tx, cfg, pc: ParallelContext) -> "Placement":
+        """params_state / buffer_state: nnx States (arrays or ShapeDtypeStructs)."""
         check_microbatches(cfg, pc)
         p_sh = nnx.to_pure_dict(state_shardings(params_state, pc))
         b_sh = nnx.to_pure_dict(state_shardings(buffer_state, pc))
@@ -81,8 +80,8 @@ class Placement:
         opt = jax.eval_shape(tx.init, params)
         o_sh = shardings_like_params(opt, params, p_sh, pc.mesh)
         rep = NamedSharding(pc.mesh, P())
-        state = state_cls(step=rep, params=p_sh, buffers=b_sh, opt_state=o_sh,
-                          nonfinite_streak=rep, nonfinite_total=rep)
+        state = TrainState(step=rep, params=p_sh, buffers=b_sh, opt_state=o_sh,
+                           nonfinite_streak=rep, nonfinite_total=rep)
         return cls(pc, state, batch_shardings(abstract_batch(cfg), pc))
 
     def with_shardings(self, tree, shardings):

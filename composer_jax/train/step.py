@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx, struct
+from flax import nnx
 from jax.sharding import AxisType
 
 from composer_jax.config import Config, MTPLoss
-from composer_jax.model import abstract_model, init_model
+from composer_jax.model import abstract_model, count_params, init_model
 from composer_jax.model import router as router_lib
 from composer_jax.model.transformer import Transformer, lm_logits
 from composer_jax.parallel import api
@@ -31,17 +31,7 @@ from composer_jax.parallel.sharding import compute_value, context_from_config, s
 from composer_jax.train import losses
 from composer_jax.train.optimizers import make_optimizer
 from composer_jax.train.placement import Placement
-
-
-@struct.dataclass
-class TrainState:
-    """Everything that changes during training, as plain pytrees (dicts of arrays)."""
-    step: jax.Array
-    params: dict                # trainable parameters (nnx.Param), pure dict
-    buffers: dict               # non-trained state (router selection biases), pure dict
-    opt_state: Any
-    nonfinite_streak: jax.Array
-    nonfinite_total: jax.Array
+from composer_jax.train.state import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,7 +332,7 @@ def build_fns(model: Transformer, cfg: Config, mesh=None) -> StepFns:
         placement = None
         train_jit, eval_jit = jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
     else:
-        placement = Placement.build(params_state, buffer_state, tx, cfg, pc, TrainState)
+        placement = Placement.build(params_state, buffer_state, tx, cfg, pc)
         rep = placement.replicated
         if any(t == AxisType.Explicit for t in mesh.axis_types):
             # sharding in types at the boundary; the step body runs with GSPMD propagation and
@@ -368,8 +358,19 @@ def build(model: Transformer, cfg: Config, mesh=None) -> tuple[StepFns, TrainSta
     return fns, fns.place_state(state)
 
 
+# A fresh model up to this size (parameters, bytes) in a single-process run is initialised eagerly
+# on the host and then placed: compiling the one-program sharded init costs seconds on CPU, which
+# dominates small runs and tests. The values are the same either way (tests/train/test_train.py).
+EAGER_INIT_MAX_BYTES = 1 << 30
+
+
 def build_fresh(cfg: Config, mesh=None) -> tuple[StepFns, TrainState]:
-    """`build_fns` for a freshly initialised model (seed `cfg.seed`) and its TrainState, created
-    sharded from the start (`StepFns.init_state`)."""
+    """`build_fns` for a freshly initialised model (seed `cfg.seed`) and its TrainState: created
+    sharded from the start (`StepFns.init_state`), or for small single-process models eagerly and
+    then placed (`build`)."""
+    total, _ = count_params(cfg.model)
+    if (jax.process_count() == 1
+            and total * jnp.dtype(cfg.model.param_dtype.value).itemsize <= EAGER_INIT_MAX_BYTES):
+        return build(init_model(cfg.model, cfg.seed), cfg, mesh)
     fns = build_fns(abstract_model(cfg.model), cfg, mesh)
     return fns, fns.init_state(cfg)

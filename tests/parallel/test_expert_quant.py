@@ -33,10 +33,10 @@ What must agree, and how closely (float32 compute; measured values in brackets):
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+from device_subprocess import run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -185,14 +185,7 @@ def main(names):
 
 
 def run_cases(specs):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *specs], capture_output=True,
-                          text=True, env=env, timeout=900)
-    results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
-               if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and len(results) == len(specs), proc.stderr[-4000:]
-    return results
+    return run_script(os.path.abspath(__file__), specs)
 
 
 WEIGHTS = ("d_w_gate", "d_w_up", "d_w_down")

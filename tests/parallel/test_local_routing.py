@@ -10,10 +10,10 @@ for token-split meshes (Auto and Explicit axes):
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+from device_subprocess import run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -154,17 +154,8 @@ def _main(names):
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *MESHES],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    out = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT "):])
-            out[r["case"]] = r
-    assert proc.returncode == 0 and len(out) == len(MESHES), proc.stderr[-4000:]
-    return out
+    runs = run_script(os.path.abspath(__file__), list(MESHES), cwd=ROOT)
+    return {r["case"]: r for r in runs}
 
 
 @pytest.mark.parametrize("mesh", list(MESHES))

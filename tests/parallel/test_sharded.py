@@ -3,15 +3,12 @@
 Each group runs in its own subprocess (pytest-xdist spreads the groups over workers); every case
 compares float32 logits, loss and gradients (or one AdamW step) against the unsharded model.
 """
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+from device_subprocess import run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 GROUPS = {
     "a": ["fsdp_d2f2t2", "cp_c4e2_allgather", "ep_dispatch_vs_dense", "ep_f2e4_train"],
@@ -22,17 +19,7 @@ TOL = 2e-5
 
 
 def run_cases(names):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "sharded_cases.py"), *names],
-                          capture_output=True, text=True, env=env, timeout=900)
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT "):])
-            results[r["case"]] = r
-    assert proc.returncode == 0 and len(results) == len(names), proc.stderr[-4000:]
-    return results
+    return {r["case"]: r for r in run_script(os.path.join(HERE, "sharded_cases.py"), names)}
 
 
 def check(r):

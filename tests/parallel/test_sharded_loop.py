@@ -9,46 +9,24 @@ a cp_ep run at a checkpoint step and resumes it on an fsdp mesh (Orbax reshards 
 The multi-host test runs the same loop as two processes of 4 CPU devices each (jax.distributed on
 localhost, gloo collectives): each process loads only its half of every batch.
 """
-import json
 import os
 import socket
 import subprocess
 import sys
 
 import pytest
+from device_subprocess import parse_results, run_script, subprocess_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 # cp_f2c2e2 runs whole in the two-process test and for two steps in resume_cp_to_fsdp8
 GROUPS = {"a": ["one", "fsdp8", "resume_cp_to_fsdp8"],
           "b": ["one", "ep_f2e4", "cp_c2e2t2_explicit"]}
 TOL = 1e-4     # float32 at highest matmul precision; sharded sums only reorder the additions
-
-
 SCRIPT = os.path.join(HERE, "sharded_loop_cases.py")
 
 
-def _env():
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    return env
-
-
-def _results(stdout: str) -> dict:
-    out = {}
-    for line in stdout.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT "):])
-            out[r["case"]] = r
-    return out
-
-
 def run_cases(tmp_path, names):
-    proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path), *names], capture_output=True,
-                          text=True, env=_env(), timeout=900)
-    results = _results(proc.stdout)
-    assert proc.returncode == 0 and len(results) == len(names), proc.stderr[-4000:]
-    return results
+    return {r["case"]: r for r in run_script(SCRIPT, names, prefix=[tmp_path])}
 
 
 def check_against(ref: dict, res: dict) -> None:
@@ -83,11 +61,12 @@ def test_two_process_training_loop_matches_one_device(tmp_path):
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, SCRIPT, "--process", str(i), "2", port,
                                str(tmp_path / "multi"), *names], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=_env()) for i in range(2)]
+                              stderr=subprocess.PIPE, text=True, env=subprocess_env())
+             for i in range(2)]
     ref = run_cases(tmp_path / "single", ["one"])["one"]
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-4000:]
-    res = _results(outs[0][0])
+    res = {r["case"]: r for r in parse_results(outs[0][0])}
     assert set(res) == set(names) and all(r["processes"] == 2 for r in res.values()), res
     check_against(ref, res)

@@ -9,10 +9,10 @@ import pytest
 
 from composer_jax.config import Config, MTPLoss, TrainConfig, tiny
 from composer_jax.data.config import DataConfig
-from composer_jax.model import init_model
+from composer_jax.model import abstract_model, init_model
 from composer_jax.runlog import read_metrics
 from composer_jax.train import losses
-from composer_jax.train.step import build, build_fresh
+from composer_jax.train.step import build, build_fns
 
 
 def test_cross_entropy_matches_optax():
@@ -51,7 +51,7 @@ def test_sharded_init_equals_eager_init():
     cfg = Config(model=tiny(), data=DataConfig(global_batch_size=4, vocab_size=512),
                  train=TrainConfig(steps=10, warmup_steps=0))
     mesh = training_mesh(cfg)
-    fns, fresh = build_fresh(cfg, mesh)
+    fresh = build_fns(abstract_model(cfg.model), cfg, mesh).init_state(cfg)
     _, eager = build(init_model(cfg.model, cfg.seed), cfg, mesh)
     leaves = jax.tree.leaves(fresh)
     assert len(leaves) == len(jax.tree.leaves(eager)) > 50
