@@ -1,44 +1,84 @@
 """composer_jax entry point.
 
   python launch.py --experiment=list
-  python launch.py --experiment=NAME [--workdir=DIR] [--set key.path=value ...] [--dry_run]
+  python launch.py --experiment=NAME [--workdir=DIR] [--config=FILE] [--set key.path=value ...]
+                   [--dry_run] [--show_config] [-v 1]
 
-Experiments register by name from the modules under `experiments/`. `--set` overrides are typed
-and validated (see composer_jax/overrides.py); the resolved config is written to
-WORKDIR/config.json before the experiment runs. `--dry_run` builds the model abstractly, counts
+Experiments register by name from the modules under `experiments/`. The config is the experiment's
+default, or a saved one (`--config=WORKDIR/config.json` reruns a run), with `--set` overrides on
+top: typed and validated when parsed (composer_jax/overrides.py; the same as
+`composer_jax.api.make_config` in Python). `--show_config` prints every key with its type, value
+and default and exits. The resolved config is written to WORKDIR/config.json before the experiment
+runs. WORKDIR may be a local path or any URL that etils.epath/Orbax accept (gs://bucket/run): it is
+used as given for checkpoints, metrics and plots. `--dry_run` builds the model abstractly, counts
 parameters and FLOPs/token and writes WORKDIR/dry_run.json without allocating parameters.
+
+On a multi-host TPU/GPU slice (TPU VM pods, GKE, SLURM, Open MPI) no flag is needed: the cluster is
+detected and jax.distributed is initialised; --coordinator etc. override the detection. Logging
+follows absl's --verbosity / -v (default: warnings only).
 """
 from __future__ import annotations
 
-import json
-import os
-import pathlib
 import sys
 
 from absl import app, flags, logging
 
 flags.DEFINE_string("experiment", None, "experiment name, or 'list' to list them")
-flags.DEFINE_string("workdir", None, "run directory (default: runs/EXPERIMENT)")
-flags.DEFINE_multi_string("set", [], "override: key.path=value (repeatable)")
+flags.DEFINE_string("workdir", None, "run directory, local or a URL such as gs://bucket/run "
+                    "(default: runs/EXPERIMENT)")
+flags.DEFINE_string("config", None, "start from this saved config.json (e.g. a previous run's "
+                    "WORKDIR/config.json) instead of the experiment's default; --set applies on top")
+flags.DEFINE_multi_string("set", [], "override: key.path=value (repeatable; see the key list below)")
 flags.DEFINE_bool("dry_run", False, "build and count/compile abstractly; run nothing")
+flags.DEFINE_bool("show_config", False, "print every config key with its type, value and default, "
+                  "then exit")
 flags.DEFINE_string("coordinator", None, "multi-host: coordinator address host:port "
-                    "(default: $COMPOSER_JAX_COORDINATOR, or SLURM/TPU auto-detection)")
+                    "(default: $COMPOSER_JAX_COORDINATOR, or TPU/SLURM/MPI auto-detection)")
 flags.DEFINE_integer("num_processes", None, "multi-host: number of processes")
 flags.DEFINE_integer("process_id", None, "multi-host: this process's index")
 flags.DEFINE_string("local_device_ids", None, "multi-host: comma-separated local device ids")
 FLAGS = flags.FLAGS
 
 
+def _help_with_config_keys() -> None:
+    """`--help` also lists every config key with its type and default."""
+    if any(a in ("--help", "-h", "--helpfull", "-?") for a in sys.argv[1:]):
+        from composer_jax.api import describe_config
+        global __doc__
+        __doc__ = (__doc__ or "") + ("\nConfig keys (--set KEY=VALUE; a section may also be set to "
+                                     "a preset, e.g. --set model=small):\n"
+                                     + describe_config(values=False) + "\n")
+
+
+def _check_devices(cfg) -> None:
+    """The mesh must fit the devices JAX sees (checked before anything is built)."""
+    import jax
+    from composer_jax.errors import ConfigError
+    have = jax.device_count()
+    want = cfg.mesh.num_devices or have
+    if want > have:
+        raise ConfigError(f"mesh.num_devices={want} but JAX sees {have} {jax.devices()[0].platform} "
+                          f"device(s); set mesh.num_devices=0 to use all of them")
+    cfg.mesh.resolved(want)
+
+
 def main(argv):
-    del argv
-    logging.set_verbosity(logging.WARNING)
+    if len(argv) > 1:
+        print(f"error: unexpected arguments {argv[1:]} (overrides go in --set key=value)",
+              file=sys.stderr)
+        return 2
     from composer_jax import registry
-    from composer_jax.config import SECTION_PRESETS, to_dict
+    from composer_jax.api import describe_config, enable_compilation_cache, load_config, save_config
+    from composer_jax.config import SECTION_PRESETS
     from composer_jax.errors import ComposerError
     from composer_jax.overrides import apply_overrides
+    from composer_jax.runlog import run_path
 
     try:
         if FLAGS.experiment in (None, "", "list"):
+            if FLAGS.config or FLAGS.show_config:
+                raise ComposerError("--config / --show_config need --experiment=NAME (the "
+                                    "experiment decides what runs; --experiment=list lists them)")
             exps = registry.load_all()
             width = max(len(n) for n in exps)
             print("experiments (python launch.py --experiment=NAME):")
@@ -46,16 +86,23 @@ def main(argv):
                 print(f"  {name:<{width}}  {exps[name].description}")
             return 0
         exp = registry.get(FLAGS.experiment)
+        base = load_config(FLAGS.config) if FLAGS.config else exp.make_config()
+        cfg = apply_overrides(base, FLAGS.set, SECTION_PRESETS)
+        if FLAGS.show_config:
+            print(f"config of {exp.name}" + (f" from {FLAGS.config}" if FLAGS.config else "")
+                  + " ('*': differs from the default):")
+            print(describe_config(cfg))
+            return 0
         if not FLAGS.dry_run:
             from composer_jax.parallel.multihost import initialize
             initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id,
                        FLAGS.local_device_ids)
-        cfg = apply_overrides(exp.make_config(), FLAGS.set, SECTION_PRESETS)
-        workdir = pathlib.Path(FLAGS.workdir or f"runs/{exp.name}").absolute()
+            _check_devices(cfg)
+            cache = enable_compilation_cache(cfg)
+            logging.info("persistent compilation cache: %s", cache)
+        workdir = run_path(FLAGS.workdir or f"runs/{exp.name}")
         workdir.mkdir(parents=True, exist_ok=True)
-        tmp = workdir / f"config.json.tmp{os.getpid()}"     # one per process (multi-host)
-        tmp.write_text(json.dumps(to_dict(cfg), indent=2))
-        tmp.replace(workdir / "config.json")
+        save_config(cfg, workdir / "config.json")
         if FLAGS.dry_run:
             from composer_jax.dry_run import dry_run
             dry_run(cfg, workdir)
@@ -68,4 +115,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _help_with_config_keys()
     app.run(main)

@@ -377,9 +377,23 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     init_from: str = ""            # checkpoint dir or HF dir to start from ("" = random init)
+    loss: str = "lm"               # a registered loss (composer_jax.train.loss_api.get_loss)
+    # Master weights: "" keeps the parameters (and the microbatch gradient accumulator) in
+    # model.param_dtype; "float32" keeps an fp32 master copy and accumulates gradients in fp32,
+    # while the forward runs on a model.param_dtype copy (updates below |w|/256 survive).
+    master_dtype: str = ""
+    # --- tracking and profiling (issue 20) ---
+    profile_steps: tuple[int, ...] = ()   # jax.profiler trace of these steps -> WORKDIR/profile/
+    wandb_project: str = ""        # "" = no Weights & Biases run; else log metrics to this project
+    wandb_mode: str = "online"     # "online" | "offline" (wandb sync later) | "disabled"
+    compilation_cache: bool = True  # JAX persistent compilation cache under <cache dir>/jax_compilation
 
     def __post_init__(self):
         _coerce_enums(self, "train")
+        _check(self.master_dtype in ("", "float32"),
+               f"train.master_dtype must be '' (= model.param_dtype) or 'float32', got "
+               f"{self.master_dtype!r}")
+        _check(bool(self.loss), "train.loss must name a registered loss (e.g. 'lm')")
         p = "train."
         for f in ("steps", "microbatches", "log_every", "eval_every",
                   "checkpoint_every", "keep_checkpoints", "max_nonfinite_steps"):
@@ -391,6 +405,10 @@ class TrainConfig:
         _check(self.mtp_lambda >= 0 and self.z_loss >= 0 and self.weight_decay >= 0,
                f"{p}mtp_lambda, z_loss and weight_decay must be >= 0")
         _check(self.grad_clip >= 0, f"{p}grad_clip must be >= 0 (0 = off)")
+        _check(all(s >= 0 for s in self.profile_steps),
+               f"{p}profile_steps must be step numbers >= 0, got {self.profile_steps}")
+        _check(self.wandb_mode in ("online", "offline", "disabled"),
+               f"{p}wandb_mode must be 'online', 'offline' or 'disabled', got {self.wandb_mode!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -415,6 +433,15 @@ class RLConfig:
     kl_coef: float = 0.0                # k1 KL penalty placed in the reward
     max_staleness: int = 4              # admission control: versions ahead of the trainer
     full_snapshot_every: int = 10       # weight sync: a full snapshot every K versions
+    weight_sync_dtype: str = "bfloat16"           # the shipped inference copy ("" = as trained)
+    weight_sync_keep_dtype: tuple[str, ...] = ("*bias",)  # names shipped in their own dtype
+    weight_sync_chunk_elems: int = 1 << 20        # delta/snapshot chunk size (elements)
+    weight_sync_codec: str = "sparse"             # delta codec: sparse (positions + XOR) | xor
+    weight_sync_zstd_level: int = 3
+    weight_sync_threads: int = 0                  # encode/decode threads (0 = min(8, cpus))
+    # --- the update step (issue 15: composer_jax.rl.step) ---
+    router_replay: bool = True          # the trainer's forward reuses the experts chosen at sampling
+    summary_trigger_tokens: int = 0     # self-summarization when the context passes this (0 = off)
 
     def __post_init__(self):
         _coerce_enums(self, "rl")
@@ -424,19 +451,61 @@ class RLConfig:
         _check(self.loss_normalizer > 0, "rl.loss_normalizer must be > 0")
         _check(self.max_staleness >= 0, "rl.max_staleness must be >= 0")
         _check(self.full_snapshot_every >= 1, "rl.full_snapshot_every must be >= 1")
+        _check(self.weight_sync_codec in ("sparse", "xor"),
+               f"rl.weight_sync_codec must be 'sparse' or 'xor', got {self.weight_sync_codec!r}")
+        _check(self.weight_sync_chunk_elems >= 1 and self.weight_sync_threads >= 0
+               and 1 <= self.weight_sync_zstd_level <= 22,
+               "rl.weight_sync_chunk_elems must be >= 1, rl.weight_sync_threads >= 0 and "
+               "rl.weight_sync_zstd_level in [1, 22]")
+        _check(self.kl_coef >= 0, f"rl.kl_coef must be >= 0 (0 = no reference policy), got {self.kl_coef}")
+        _check(self.summary_trigger_tokens >= 0,
+               f"rl.summary_trigger_tokens must be >= 0 (0 = off), got {self.summary_trigger_tokens}")
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
+    """The evaluation suite and runner (`composer_jax.eval`, `launch.py --experiment=eval`).
+
+    policy: oracle | null | heuristic | a training run's workdir | a Hugging Face directory.
+    num_tasks: run only the first N suite tasks; samples: K episodes per task and prompt style
+    (pass@k); styles: prompt styles scored (terse, detailed). suite_dir / pool_dir: "" = under the
+    cache (`<cache>/eval_suite/<suite_name>`, `<cache>/eval_pool`). price_*: dollars per million
+    prompt / cached-prompt / generated tokens. compare: eval.json files for `eval_compare`."""
     num_tasks: int = 50
-    max_turns: int = 30
+    max_turns: int = 50
     max_new_tokens: int = 512
     temperature: float = 0.0
+    policy: str = "oracle"
+    samples: int = 1
+    styles: tuple[str, ...] = ("terse", "detailed")
+    concurrency: int = 2
+    max_context: int = 8192
+    suite_name: str = "cjbench"
+    suite_dir: str = ""
+    pool_dir: str = ""
+    suite_size: int = 20
+    min_median_lines: int = 50
+    pool_tasks: int = 120
+    price_prompt_per_mtok: float = 0.5
+    price_cached_per_mtok: float = 0.05
+    price_generated_per_mtok: float = 2.5
+    compare: tuple[str, ...] = ()
 
     def __post_init__(self):
         _check(self.num_tasks >= 1 and self.max_turns >= 1 and self.max_new_tokens >= 1,
                "eval.num_tasks, eval.max_turns and eval.max_new_tokens must be >= 1")
         _check(self.temperature >= 0, "eval.temperature must be >= 0")
+        _check(self.samples >= 1 and self.concurrency >= 1 and self.suite_size >= 1
+               and self.pool_tasks >= 1, "eval.samples, eval.concurrency, eval.suite_size and "
+               "eval.pool_tasks must be >= 1")
+        _check(len(self.styles) >= 1 and all(s in ("terse", "detailed") for s in self.styles)
+               and len(set(self.styles)) == len(self.styles),
+               f"eval.styles must be a non-empty subset of (terse, detailed), got {self.styles}")
+        _check(self.max_context > self.max_new_tokens,
+               "eval.max_context must be larger than eval.max_new_tokens")
+        _check(min(self.price_prompt_per_mtok, self.price_cached_per_mtok,
+                   self.price_generated_per_mtok) >= 0, "eval.price_* must be >= 0")
+        _check(bool(self.policy), "eval.policy must be oracle, null, heuristic or a directory")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -459,6 +528,12 @@ class Config:
         _check(self.data.global_batch_size % self.train.microbatches == 0,
                f"train.microbatches={self.train.microbatches} must divide data.global_batch_size="
                f"{self.data.global_batch_size}")
+        _check(self.data.seq_len <= self.model.max_position_embeddings,
+               f"data.seq_len={self.data.seq_len} exceeds model.max_position_embeddings="
+               f"{self.model.max_position_embeddings}; shorten the sequences or raise the limit "
+               f"(with model.rope scaling for context extension)")
+        if self.mesh.num_devices > 0:       # a fixed device count: the axes must multiply to it
+            self.mesh.resolved(self.mesh.num_devices)
 
 
 # Sections that `--set SECTION=PRESET` may replace wholesale.

@@ -152,3 +152,53 @@ def _convert(value, typ, where):
     if typ is float and isinstance(value, int):
         return float(value)
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyInfo:
+    """One settable config key: dotted name, type name, value in a config, dataclass default."""
+    key: str
+    type_name: str
+    value: object
+    default: object
+
+
+def _type_name(typ) -> str:
+    origin = typing.get_origin(typ)
+    if origin is tuple:
+        args = typing.get_args(typ)
+        return f"tuple[{_type_name(args[0]) if args else 'str'}]"
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(typ))
+    if isinstance(typ, type) and issubclass(typ, enum.Enum):
+        return "{" + "|".join(m.value for m in typ) + "}"
+    return getattr(typ, "__name__", str(typ))
+
+
+def _plain(v):
+    if isinstance(v, enum.Enum):
+        return v.value
+    return v
+
+
+def config_keys(cfg, defaults=None, prefix: str = "") -> list[KeyInfo]:
+    """Every leaf key of config dataclass `cfg` (recursively), with its type, its value in `cfg`
+    and its default: the field's dataclass default, or its value in `defaults` when given."""
+    out = []
+    hints = _field_types(type(cfg))
+    for f in dataclasses.fields(cfg):
+        typ, value = hints[f.name], getattr(cfg, f.name)
+        if defaults is not None:
+            default = getattr(defaults, f.name)
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        if dataclasses.is_dataclass(typ):
+            out += config_keys(value, default if dataclasses.is_dataclass(default) else typ(),
+                               prefix + f.name + ".")
+        else:
+            out.append(KeyInfo(prefix + f.name, _type_name(typ), _plain(value), _plain(default)))
+    return out

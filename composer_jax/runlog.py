@@ -1,28 +1,142 @@
-"""Run outputs: `metrics.jsonl` (one JSON object per logged step, with `step` and `time`) and
-TensorBoard events under `tb/`, both in the run's workdir."""
+"""Run outputs: `metrics.jsonl` (one JSON object per logged step, with `step` and `time`),
+TensorBoard events under `tb/`, and optionally a Weights & Biases run, all for one run workdir.
+
+A workdir is used as given: a local path, or any URL that etils.epath / Orbax accept (`gs://bucket/
+run`, `s3://...`). `run_path` turns the text into the path object the rest of the code joins with
+`/`; nothing turns a URL into a local directory. Object stores cannot append, so on them
+`metrics.jsonl` and the TensorBoard event file are kept in memory and rewritten whole on each flush
+(every `flush_every_s` seconds and at close).
+"""
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
+import os
 import pathlib
+import sys
 import time
 
 
+def is_remote(path) -> bool:
+    """Whether `path` is a URL (gs://, s3://, ...) rather than a local path."""
+    return "://" in os.fspath(path)
+
+
+def run_path(path):
+    """A run directory as given: a local path becomes an absolute `pathlib.Path`; a URL becomes an
+    `etils.epath.Path` with the URL intact (never `pathlib.Path("gs://b")`, which is "gs:/b")."""
+    if is_remote(path):
+        from etils import epath
+        return epath.Path(os.fspath(path))
+    return pathlib.Path(path).absolute()
+
+
+class _BufferedObject:
+    """A write-only file on an object store: bytes accumulate and each flush rewrites the object."""
+
+    def __init__(self, path, initial: bytes = b""):
+        self.path = run_path(path)
+        self.buffer = io.BytesIO()
+        self.buffer.write(initial)
+        self._dirty = bool(initial)
+
+    def write(self, data) -> None:
+        self.buffer.write(data.encode() if isinstance(data, str) else data)
+        self._dirty = True
+
+    def flush(self) -> None:
+        if self._dirty:
+            self.path.write_bytes(self.buffer.getvalue())
+            self._dirty = False
+
+    def close(self) -> None:
+        self.flush()
+
+
+class _EpathRecordWriterFactory:
+    """tensorboardX writer factory for URL logdirs, through etils.epath (so gs:// needs gcsfs or
+    TensorFlow, like Orbax, instead of google-cloud-storage)."""
+
+    def open(self, path):
+        return _BufferedObject(path)
+
+    def directory_check(self, path):
+        run_path(path).mkdir(parents=True, exist_ok=True)
+
+
+def _register_tensorboard_schemes() -> None:
+    from tensorboardX import record_writer
+    for scheme in ("gs", "s3", "az", "hf", "memory"):
+        record_writer.register_writer_factory(scheme, _EpathRecordWriterFactory())
+
+
+class WandbWriter:
+    """Logs scalar metrics to a Weights & Biases run (`train.wandb_project`; `train.wandb_mode`
+    "offline" writes under the workdir for a later `wandb sync`). The run id is derived from the
+    workdir, so a resumed run continues the same W&B run."""
+
+    def __init__(self, project: str, workdir, config: dict | None = None, mode: str = "online"):
+        try:
+            import wandb
+        except ImportError:
+            from composer_jax.errors import ConfigError
+            raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: "
+                              f"pip install -e '.[wandb]' (or set train.wandb_project='')") from None
+        workdir = run_path(workdir)
+        local = None if is_remote(workdir) else str(workdir)
+        if local:
+            os.makedirs(local, exist_ok=True)
+        run_id = hashlib.sha256(str(workdir).encode()).hexdigest()[:16]
+        self._run = wandb.init(project=project, dir=local, config=config, mode=mode,
+                               id=run_id, name=workdir.name, resume="allow", reinit="finish_previous")
+
+    @property
+    def run(self):
+        return self._run
+
+    def write(self, step: int, metrics: dict) -> None:
+        row = {k: v for k, v in metrics.items() if k not in ("step", "time") and
+               isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        self._run.log(row, step=int(step))
+
+    def close(self) -> None:
+        self._run.finish()
+
+
 class MetricsWriter:
-    """Appends metrics to WORKDIR/metrics.jsonl and WORKDIR/tb (tensorboardX).
+    """Appends metrics to WORKDIR/metrics.jsonl, WORKDIR/tb (tensorboardX) and, when `config` has a
+    `train.wandb_project`, to Weights & Biases.
 
-    enabled=False (every process but the first of a multi-host run) writes nothing."""
+    enabled=False (every process but the first of a multi-host run) writes nothing.
+    `live=True` also prints each row (for notebooks, where a progress bar hides the numbers)."""
 
-    def __init__(self, workdir, tensorboard: bool = True, enabled: bool = True):
-        self.workdir = pathlib.Path(workdir)
-        self._file = self._tb = None
+    def __init__(self, workdir, tensorboard: bool = True, enabled: bool = True, config=None,
+                 flush_every_s: float = 30.0, live: bool = False):
+        self.workdir = run_path(workdir)
+        self._file = self._tb = self._wandb = None
+        self._remote = is_remote(self.workdir)
+        self._flush_every_s = flush_every_s
+        self._last_flush = time.monotonic()
+        self._live = live
         if not enabled:
             return
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.workdir / "metrics.jsonl", "a", buffering=1)
+        path = self.workdir / "metrics.jsonl"
+        if self._remote:
+            self._file = _BufferedObject(path, path.read_bytes() if path.exists() else b"")
+        else:
+            self._file = open(path, "a", buffering=1)
         if tensorboard:
             from tensorboardX import SummaryWriter
+            if self._remote:
+                _register_tensorboard_schemes()
             self._tb = SummaryWriter(str(self.workdir / "tb"))
+        tc = getattr(config, "train", None)
+        if tc is not None and getattr(tc, "wandb_project", "") and tc.wandb_mode != "disabled":
+            from composer_jax.config import to_dict
+            self._wandb = WandbWriter(tc.wandb_project, self.workdir, to_dict(config), tc.wandb_mode)
 
     def write(self, step: int, metrics: dict) -> None:
         if self._file is None:
@@ -34,12 +148,31 @@ class MetricsWriter:
             if self._tb is not None and isinstance(v, float):
                 self._tb.add_scalar(k, v, step)
         self._file.write(json.dumps(row) + "\n")
+        if self._wandb is not None:
+            self._wandb.write(step, row)
+        if self._live:
+            shown = " ".join(f"{k}={v:.4g}" for k, v in row.items()
+                             if k not in ("step", "time") and isinstance(v, float))
+            print(f"step {row['step']}: {shown}", file=sys.stdout, flush=True)
+        if self._remote and time.monotonic() - self._last_flush >= self._flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Pushes what was written so far (object stores: rewrites metrics.jsonl and tb events)."""
+        if self._file is not None:
+            self._file.flush()
+        if self._tb is not None:
+            self._tb.flush()
+        self._last_flush = time.monotonic()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
+        self._file = self._tb = self._wandb = None
 
     def __enter__(self):
         return self
@@ -55,7 +188,63 @@ def metric_series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 def read_metrics(workdir) -> list[dict]:
-    path = pathlib.Path(workdir) / "metrics.jsonl"
+    """The rows of WORKDIR/metrics.jsonl (local or URL), [] when there is none."""
+    path = run_path(workdir) / "metrics.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class StepProfiler:
+    """A `jax.profiler` trace of chosen steps (`train.profile_steps`) under WORKDIR/profile/.
+
+    Steps are numbered as in metrics.jsonl (the count of updates done after the step). A run of
+    consecutive steps goes into one trace; open it with TensorBoard's profile plugin or xprof
+    (`tensorboard --logdir WORKDIR/profile`). A URL workdir gets the trace written locally first and
+    copied up when the trace stops. enabled=False (non-lead processes) traces nothing."""
+
+    def __init__(self, workdir, steps=(), enabled: bool = True):
+        self.workdir = run_path(workdir)
+        self.steps = frozenset(int(s) for s in steps) if enabled else frozenset()
+        self._active = None          # the local directory of the trace in progress
+        self.traces: list = []       # directories written, for the caller to report
+
+    def start(self, step: int) -> None:
+        """Call before running step `step` (1-based, as logged)."""
+        if step not in self.steps or self._active is not None:
+            return
+        import tempfile
+
+        import jax
+        target = self.workdir / "profile"
+        local = tempfile.mkdtemp(prefix="cj_profile_") if is_remote(self.workdir) else str(target)
+        os.makedirs(local, exist_ok=True)
+        jax.profiler.start_trace(local)
+        self._active = local
+
+    def stop(self, step: int, outputs=None, force: bool = False) -> None:
+        """Call after step `step` with its outputs; ends the trace after the last consecutive
+        profiled step (or always with force=True)."""
+        if self._active is None or (not force and step + 1 in self.steps):
+            return
+        import jax
+        if outputs is not None:
+            jax.block_until_ready(outputs)
+        jax.profiler.stop_trace()
+        local, self._active = self._active, None
+        target = self.workdir / "profile"
+        if is_remote(self.workdir):
+            _copy_tree(pathlib.Path(local), target)
+        self.traces.append(target)
+
+    def close(self) -> None:
+        self.stop(-1, force=True)
+
+
+def _copy_tree(src: pathlib.Path, dst) -> None:
+    """Copies local directory `src` into `dst` (any epath), file by file."""
+    for f in src.rglob("*"):
+        if f.is_file():
+            out = dst / str(f.relative_to(src))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(f.read_bytes())

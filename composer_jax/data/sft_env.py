@@ -24,7 +24,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from composer_jax.data import chat, shards
 from composer_jax.data.cache import build_once, stable_hash

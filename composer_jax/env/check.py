@@ -14,7 +14,7 @@ import json
 import pathlib
 import time
 
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from composer_jax.env.agents import OracleAgent, null_agent
 from composer_jax.env.config import EnvConfig

@@ -38,7 +38,7 @@ class Split(str, enum.Enum):
     EVAL = "eval"
 
 
-TASK_KINDS = ("bug", "feature", "migration", "multi_bug")
+TASK_KINDS = ("bug", "feature", "migration", "multi_bug", "refactor", "large_feature")
 _VERSION_RE = re.compile(r"^3\.\d{1,2}$")
 
 
@@ -85,7 +85,11 @@ class EnvConfig:
     test_timeout_s: float = 20.0
     fork_server: bool = True           # generation test runs fork from a warm sandboxed runner
     max_fail_to_pass: int = 40
-    max_pass_to_pass: int = 60
+    max_pass_to_pass: int = 200        # PASS_TO_PASS: every previously passing test of the touched
+                                       # test modules, up to this many (and max_task_test_seconds)
+    large_feature_min_lines: int = 50  # a large_feature task removes at least this many lines
+    modules: tuple[str, ...] = ()      # only these module names ("textwrap", "simplejson.decoder");
+                                       # empty: every discovered module
     max_migration_lines: int = 300
     task_seed: int = 0
     # installed packages whose own unittest suites make task sources (`tasks/sources.py`), looked
@@ -99,12 +103,20 @@ class EnvConfig:
     reward_invalid_call_cap: float = 0.5
     reward_outside_edit: float = 0.1
     reward_false_claim: float = 0.2
+    reward_tampering: float = 2.0      # grader-detected tampering (`env/tamper.py`)
     reward_length_coef: float = 0.005
     reward_length_k: float = 0.01
     reward_length_q: float = 2.0
     reward_length_token_weight: float = 0.001
     reward_length_call_weight: float = 1.0
     reward_length_turn_weight: float = 1.0
+    reward_length_tool_call_token_weight: float = 0.001   # effort weights of real token counts
+    reward_length_tool_output_weight: float = 0.0002      # (`rewards.EffortCounts`); content tokens
+    reward_length_final_weight: float = 0.001             # use reward_length_token_weight
+    reward_valid_call: float = 0.01    # per valid tool call, capped (an invalid call earns none)
+    reward_valid_call_cap: float = 0.05
+    reward_communication: float = 0.05  # clear, short final message on a resolved task
+    reward_communication_max_tokens: int = 200
 
     def __post_init__(self):
         p = "env."
@@ -122,7 +134,7 @@ class EnvConfig:
                   "max_output_bytes", "read_max_lines", "grep_max_hits", "search_max_results",
                   "codebase_search_top_k", "max_turns", "max_tokens", "num_tasks", "workers",
                   "max_tasks_per_module", "max_module_lines", "max_fail_to_pass",
-                  "max_pass_to_pass", "max_migration_lines"):
+                  "max_pass_to_pass", "max_migration_lines", "large_feature_min_lines"):
             _check(isinstance(getattr(self, f), int) and getattr(self, f) > 0,
                    f"{p}{f} must be a positive integer, got {getattr(self, f)!r}")
         _check(self.memory_limit_mb >= 64, f"{p}memory_limit_mb must be >= 64, got {self.memory_limit_mb}")
@@ -152,9 +164,12 @@ class EnvConfig:
             _check(isinstance(d, str) and d.startswith("/"),
                    f"{p}package_dirs must hold absolute paths, got {d!r}")
         for f in ("reward_partial_credit", "reward_invalid_call", "reward_invalid_call_cap",
-                  "reward_outside_edit", "reward_false_claim", "reward_length_coef",
+                  "reward_outside_edit", "reward_false_claim", "reward_tampering", "reward_length_coef",
                   "reward_length_k", "reward_length_token_weight", "reward_length_call_weight",
-                  "reward_length_turn_weight"):
+                  "reward_length_turn_weight", "reward_length_tool_call_token_weight",
+                  "reward_length_tool_output_weight", "reward_length_final_weight",
+                  "reward_valid_call", "reward_valid_call_cap", "reward_communication",
+                  "reward_communication_max_tokens"):
             _check(getattr(self, f) >= 0, f"{p}{f} must be >= 0, got {getattr(self, f)}")
         _check(self.reward_partial_credit <= 1.0,
                f"{p}reward_partial_credit must be in [0, 1], got {self.reward_partial_credit}")

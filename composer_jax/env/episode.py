@@ -2,10 +2,17 @@
 
 `run_episode(agent, task, task_dir, cfg)` opens a workspace over the task snapshot, shows the agent
 the system prompt, tool declarations and the problem statement, and loops: the agent (any callable
-`messages -> assistant text`) answers; the text is parsed into tool calls (`protocol`); each call
+`messages -> assistant text`, or `messages -> AgentTurn(text, num_tokens)` for an agent that knows
+its real token count) answers; the text is parsed into tool calls (`protocol`); each call
 runs in the workspace (malformed ones get an error result); the results go back as tool messages.
 It stops on `finish`, on a turn without tool calls (its text is the final message), or when a limit
-is hit; then the workspace is graded and the reward computed. The transcript (messages, calls with
+is hit; then the workspace is graded (`grading.py`, tampering included) and the reward computed.
+
+Token counts (for `max_tokens` and the length penalty) are, in order of preference: the agent's own
+count (`AgentTurn.num_tokens`, e.g. the sampled tokens of a token-level policy), a tokenizer passed
+as `count_tokens`, and only for text-only agents without either the explicitly approximate
+`approx_tokens_chars4` (len/4). `Episode.token_count_source` says which was used; RL should never
+see "chars/4". The transcript (messages, calls with
 results and timings, grade, reward components) can be saved as JSONL.
 """
 from __future__ import annotations
@@ -25,12 +32,25 @@ from composer_jax.env.tools import TOOL_SPECS
 from composer_jax.env.tools.result import error
 from composer_jax.env.workspace import open_workspace
 
-Agent = Callable[[list], str]
 
 
-def approx_tokens(text: str) -> int:
-    """A tokenizer-free token estimate (~4 characters per token)."""
+@dataclasses.dataclass(frozen=True)
+class AgentTurn:
+    """One assistant turn from an agent that knows how many tokens it generated."""
+    text: str
+    num_tokens: int
+
+
+Agent = Callable[[list], "str | AgentTurn"]
+
+
+def approx_tokens_chars4(text: str) -> int:
+    """A tokenizer-free token estimate (~4 characters per token): the fallback for text-only
+    agents, never the count to train on."""
     return max(1, len(text) // 4)
+
+
+approx_tokens = approx_tokens_chars4  # the old name
 
 
 @dataclasses.dataclass
@@ -48,6 +68,9 @@ class Episode:
     grade: Grade
     reward: RewardBreakdown
     duration_s: float
+    token_count_source: str = "chars/4"   # "agent" | "tokenizer" | "chars/4"
+    tampered: bool = False
+    tamper_reasons: tuple = ()
 
     def save_jsonl(self, path: pathlib.Path) -> None:
         """One JSON object per line: each message, each call, then the summary."""
@@ -69,21 +92,37 @@ def initial_messages(task: Task) -> list[dict]:
 
 
 def run_episode(agent: Agent, task: Task, task_dir: pathlib.Path, cfg: EnvConfig, *,
-                count_tokens: Callable[[str], int] = approx_tokens) -> Episode:
-    """Runs one episode (see the module docstring) and returns it graded and rewarded."""
+                count_tokens: Callable[[str], int] | None = None) -> Episode:
+    """Runs one episode (see the module docstring) and returns it graded and rewarded.
+
+    `count_tokens`: a tokenizer's `text -> number of tokens`, used for turns whose agent does not
+    report its own count; None falls back to `approx_tokens_chars4`."""
     task_dir = pathlib.Path(task_dir)
     start = time.monotonic()
     messages = initial_messages(task)
     calls_log, final, stop = [], "", "max_turns"
     tokens = turns = index = 0
-    with open_workspace(task_dir / "snapshot", cfg, python_version=task.python_version) as ws:
+    sources = set()
+    with open_workspace(task_dir / "snapshot", cfg, python_version=task.python_version,
+                        task=task) as ws:
         while turns < cfg.max_turns:
             if time.monotonic() - start > cfg.episode_time_s:
                 stop = "time_limit"
                 break
-            text = agent(list(messages))
+            reply = agent(list(messages))
             turns += 1
-            tokens += count_tokens(text)
+            if isinstance(reply, AgentTurn):
+                text = reply.text
+                tokens += int(reply.num_tokens)
+                sources.add("agent")
+            elif count_tokens is not None:
+                text = reply
+                tokens += count_tokens(text)
+                sources.add("tokenizer")
+            else:
+                text = reply
+                tokens += approx_tokens_chars4(text)
+                sources.add("chars/4")
             parsed = parse_assistant(text, first_index=index)
             index += len(parsed.tool_calls)
             messages.append({"role": "assistant", "content": parsed.content,
@@ -115,12 +154,17 @@ def run_episode(agent: Agent, task: Task, task_dir: pathlib.Path, cfg: EnvConfig
             if tokens >= cfg.max_tokens:
                 stop = "max_tokens"
                 break
-        changed = ws.changed_files()
         grade = grade_workspace(ws, task, task_dir / "snapshot")
+        changed = grade.changed_files
         num_calls, num_invalid = ws.num_calls, ws.num_invalid_calls
     reward = compute_reward(resolved=grade.resolved, f2p_fraction=grade.f2p_fraction,
                             num_calls=num_calls, num_invalid_calls=num_invalid, num_tokens=tokens,
                             num_turns=turns, changed_files=changed,
-                            editable_files=task.edit_files, final_message=final, cfg=cfg)
+                            editable_files=task.edit_files, final_message=final, cfg=cfg,
+                            tampered=grade.tampered)
+    source = "chars/4" if "chars/4" in sources else ("tokenizer" if "tokenizer" in sources
+                                                      else "agent" if sources else "chars/4")
     return Episode(task.task_id, messages, calls_log, stop, final, turns, tokens, num_calls,
-                   num_invalid, changed, grade, reward, time.monotonic() - start)
+                   num_invalid, changed, grade, reward, time.monotonic() - start,
+                   token_count_source=source, tampered=grade.tampered,
+                   tamper_reasons=grade.tamper_reasons)

@@ -17,6 +17,18 @@ Rendered conversation (every special token below is one reserved token for the t
 {"role": "system"|"user"|"assistant"|"tool", "content": str, "tool_calls": [ToolCall as dict],
 "tool_call_id": str}. `parse_assistant` never raises: garbled or truncated calls come back as
 `ToolCall`s with `error` set, which the episode answers with an error result.
+
+Exact, incremental rendering (token-level agents): an assistant message may carry `raw`, the exact
+text the policy generated (before its closing <|im_end|>); it is then rendered verbatim instead of
+re-serialising the parsed calls (whose JSON spacing may differ from what was sampled). With raw
+assistant texts, the whole conversation renders as the concatenation of per-turn pieces:
+
+  render_prompt(M0 + [A1] + T1 + [A2] + T2 ..., tools)
+      == render_prompt(M0, tools) + A1.raw + IM_END + render_continuation(T1) + A2.raw + IM_END ...
+
+(`render_prompt` and `render_continuation` end with the generation prompt; the last piece is
+rendered with add_generation_prompt=False when the conversation ends on an assistant turn), so an
+agent can encode only the new text of each turn and feed it to a cached session.
 """
 from __future__ import annotations
 
@@ -38,6 +50,7 @@ TOOL_CALL_END = "<|tool_call_end|>"
 SPECIAL_TOKENS: tuple[str, ...] = (IM_SYSTEM, IM_USER, IM_ASSISTANT, IM_MIDDLE, IM_END,
                                    TOOL_CALLS_BEGIN, TOOL_CALLS_END, TOOL_CALL_BEGIN,
                                    TOOL_CALL_ARG_BEGIN, TOOL_CALL_END)
+ASSISTANT_PROMPT = IM_ASSISTANT + "assistant" + IM_MIDDLE     # the generation prompt
 _ROLE_TOKEN = {"system": IM_SYSTEM, "tool": IM_SYSTEM, "tool_declare": IM_SYSTEM,
                "user": IM_USER, "assistant": IM_ASSISTANT}
 
@@ -93,7 +106,9 @@ def _render_message(m: dict) -> str:
     content = m.get("content") or ""
     if role == "tool":
         content = f"## Return of {m.get('tool_call_id', 'functions.unknown:0')}\n{content}"
-    if role == "assistant" and m.get("tool_calls"):
+    if role == "assistant" and m.get("raw") is not None:
+        content = m["raw"]
+    elif role == "assistant" and m.get("tool_calls"):
         calls = m["tool_calls"]
         body = "".join(c["raw"] if c.get("error") else (
             TOOL_CALL_BEGIN + c["call_id"] + TOOL_CALL_ARG_BEGIN
@@ -113,6 +128,18 @@ def render_prompt(messages: list[dict], tools: tuple[dict, ...] | list[dict] = (
     if add_generation_prompt:
         parts.append(f"{IM_ASSISTANT}assistant{IM_MIDDLE}")
     return "".join(parts)
+
+
+def render_continuation(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The text that follows an assistant turn closed by <|im_end|>: the new messages (tool
+    results, a user message) and the generation prompt (see the module docstring)."""
+    return render_prompt(list(messages), (), add_generation_prompt)
+
+
+def assistant_message(raw: str, turn: ParsedTurn) -> dict:
+    """The message dict of an assistant turn that keeps its exact generated text `raw`."""
+    return {"role": "assistant", "content": turn.content,
+            "tool_calls": [c.to_json() for c in turn.tool_calls], "raw": raw}
 
 
 _ID_RE = re.compile(r"^\s*(?:functions\.)?([A-Za-z_][\w\-]*)(?::(\d+))?\s*$")

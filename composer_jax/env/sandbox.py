@@ -144,19 +144,22 @@ class Sandbox:
     """Runs shell commands over `workspace_dir` (writable) with the given limits.
 
     `python_prefixes` are CPython install prefixes mounted read-only at their own paths; the first
-    one's `bin` leads PATH (so `python` is the task's interpreter). Background jobs started with
-    `spawn` live until `close()`.
+    one's `bin` leads PATH (so `python` is the task's interpreter). `overlays` are (host file,
+    sandbox path) read-only binds laid over the mounted system (`composer_jax.env.hide`: they hide
+    a task's reference files; bubblewrap only). Background jobs started with `spawn` live until
+    `close()`.
     """
 
     def __init__(self, workspace_dir: pathlib.Path, *, backend: SandboxBackend, limits: Limits,
                  python_prefixes: tuple[str, ...] = (), extra_ro_binds: tuple[str, ...] = (),
-                 uid: int | None = None):
+                 uid: int | None = None, overlays: tuple[tuple[str, str], ...] = ()):
         self.host_dir = pathlib.Path(workspace_dir).resolve()
         self.backend = backend
         self.limits = limits
         self.python_prefixes = tuple(python_prefixes)
         self.extra_ro_binds = tuple(extra_ro_binds)
         self.uid = uid
+        self.overlays = tuple(overlays)
         self._jobs: list[subprocess.Popen] = []
         isolated = backend == SandboxBackend.BWRAP
         self.workdir = SANDBOX_WORKSPACE if isolated else str(self.host_dir)
@@ -191,6 +194,8 @@ class Sandbox:
                     made.add(str(parent))  # bwrap would create missing parents with mode 0700
                     args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", prefix, prefix]
+        for src, dst in self.overlays:
+            args += ["--ro-bind", src, dst]
         args += ["--perms", "0755", "--dir", "/opt", "--ro-bind", staged_assets(), SANDBOX_ASSETS,
                  "--bind", str(self.host_dir), SANDBOX_WORKSPACE,
                  "--perms", "1777", "--size", str(self.limits.tmp_size_mb << 20), "--tmpfs", "/tmp",
@@ -213,12 +218,13 @@ class Sandbox:
 
     # -- running --------------------------------------------------------------------------------
     def run(self, command: str, *, timeout_s: float | None = None,
-            max_output_bytes: int | None = None) -> ProcResult:
-        """Runs `command` in a fresh sandboxed bash; every process it started dies with it."""
+            max_output_bytes: int | None = None, stdin_data: bytes | None = None) -> ProcResult:
+        """Runs `command` in a fresh sandboxed bash; every process it started dies with it.
+        `stdin_data` is the command's whole stdin (default: none)."""
         return run_process(self.argv(command), env=self.env(),
                            timeout_s=timeout_s or self.limits.timeout_s,
                            max_output_bytes=max_output_bytes or self.limits.max_output_bytes,
-                           cwd=str(self.host_dir))
+                           cwd=str(self.host_dir), stdin_data=stdin_data)
 
     def spawn(self, command: str) -> int:
         """Starts `command` in the background (output discarded); returns its job number."""

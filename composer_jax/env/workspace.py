@@ -4,6 +4,10 @@ The snapshot directory is never modified: the workspace is a private scratch cop
 available) that the sandbox mounts writable at /workspace and the host-side tools edit through
 `composer_jax.env.paths`. `call(tool_name, arguments)` runs one tool and returns a `ToolResult`
 (`.output`, `.is_error`); closing the workspace kills every process it started and deletes the copy.
+
+When the directory is a task snapshot (`<task>/snapshot` next to `<task>/task.json`, or `task=` is
+given), every installed copy of the task's reference files is hidden inside the sandbox
+(`composer_jax.env.hide`).
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import shutil
 import tempfile
 from typing import Iterator
 
-from composer_jax.env.config import EnvConfig, ShellMode
+from composer_jax.env.config import EnvConfig, SandboxBackend, ShellMode
+from composer_jax.env.hide import mounted_roots, overlays
 from composer_jax.env.pythons import get_python
 from composer_jax.env.sandbox import Limits, PersistentShell, Sandbox, allocate_uid, resolve_backend
 from composer_jax.env.tools import ToolResult, dispatch
@@ -31,7 +36,8 @@ def scratch_parent() -> str | None:
 class Workspace:
     """One episode's workspace; use `open_workspace` to get one."""
 
-    def __init__(self, source: pathlib.Path, config: EnvConfig, python_version: str | None):
+    def __init__(self, source: pathlib.Path, config: EnvConfig, python_version: str | None,
+                 hidden_files: tuple[str, ...] = ()):
         self.source = pathlib.Path(source).resolve()
         if not self.source.is_dir():
             raise FileNotFoundError(f"workspace source {source} is not a directory")
@@ -45,13 +51,35 @@ class Workspace:
         if self.uid is not None:
             for p in [self.root, *self.root.rglob("*")]:
                 os.lchown(p, self.uid, self.uid)
-        self.sandbox = Sandbox(self.root, backend=resolve_backend(config.sandbox_backend),
-                               limits=Limits.from_config(config),
-                               python_prefixes=(self.python.prefix,),
-                               extra_ro_binds=config.extra_ro_binds, uid=self.uid)
+        self.backend = resolve_backend(config.sandbox_backend)
+        self.hidden_files = tuple(hidden_files)
+        self.overlays = self._overlays()
+        self.sandbox = self.new_sandbox(self.root, self.uid)
         self.shell = PersistentShell(self.sandbox) if config.shell_mode == ShellMode.PERSISTENT else None
         self.num_calls = 0
         self.num_invalid_calls = 0
+
+    def _overlays(self) -> tuple[tuple[str, str], ...]:
+        """Binds hiding every mounted copy of the task's reference files (bubblewrap only)."""
+        texts = {r: (self.source / r).read_text(encoding="utf-8", errors="replace")
+                 for r in self.hidden_files if (self.source / r).is_file()}
+        if not texts or self.backend != SandboxBackend.BWRAP:
+            return ()
+        roots = mounted_roots((self.python.prefix,), self.config.extra_ro_binds)
+        return overlays(texts, roots, self._tmp / "hidden")
+
+    def new_sandbox(self, directory: pathlib.Path, uid: int | None) -> Sandbox:
+        """A sandbox over `directory` with this workspace's interpreter, limits and hidden files
+        (the grader uses one over a fresh copy of the snapshot)."""
+        return Sandbox(directory, backend=self.backend, limits=Limits.from_config(self.config),
+                       python_prefixes=(self.python.prefix,),
+                       extra_ro_binds=self.config.extra_ro_binds, uid=uid, overlays=self.overlays)
+
+    def stop_processes(self) -> None:
+        """Kills the persistent shell and every background job (before grading reads the tree)."""
+        if self.shell is not None:
+            self.shell.close()
+        self.sandbox.close()
 
     # -- tools ----------------------------------------------------------------------------------
     def call(self, tool_name, arguments) -> ToolResult:
@@ -107,15 +135,26 @@ class Workspace:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
+def _task_edit_files(directory: pathlib.Path) -> tuple[str, ...]:
+    """The edit files of the task whose snapshot `directory` is (none if it is not one)."""
+    meta = pathlib.Path(directory).resolve().parent / "task.json"
+    if pathlib.Path(directory).name != "snapshot" or not meta.is_file():
+        return ()
+    from composer_jax.env.tasks.task import load_task
+    return tuple(load_task(meta.parent).edit_files)
+
+
 @contextlib.contextmanager
 def open_workspace(directory, config: EnvConfig | None = None, *,
-                   python_version: str | None = None) -> Iterator[Workspace]:
+                   python_version: str | None = None, task=None) -> Iterator[Workspace]:
     """Context manager: a sandboxed copy-on-write workspace over `directory` (see module doc).
 
     `python_version` ("3.12") picks the interpreter that `python` means inside; by default the
-    newest of `config.python_versions`.
+    newest of `config.python_versions`. `task` (a `Task`) names the files whose installed copies
+    are hidden; by default they are read from `directory/../task.json` when that exists.
     """
-    ws = Workspace(pathlib.Path(directory), config or EnvConfig(), python_version)
+    hidden = tuple(task.edit_files) if task is not None else _task_edit_files(pathlib.Path(directory))
+    ws = Workspace(pathlib.Path(directory), config or EnvConfig(), python_version, hidden)
     try:
         yield ws
     finally:

@@ -1,10 +1,25 @@
 """The inference engine: continuous batching over a fixed set of cache slots.
 
+Step-driven (one thread):
+
     engine = Engine.from_model(model, EngineConfig(max_batch=8, max_len=2048, spec_depth=1))
     rid = engine.submit(prompt_ids, SamplingParams(temperature=1.0, max_new_tokens=256))
     for event in engine.stream():          # StreamEvent(request_id, start, tokens, finished, ...)
         ...
     engine.completions[rid]                 # Completion: tokens, logprobs, raw_logprobs, versions...
+
+As a service shared by many threads (episodes):
+
+    with Engine(graphdef, state, cfg).start() as engine:     # a background driver thread steps
+        fut = engine.request(prompt_ids, params, session="episode-17")   # concurrent Future
+        completion = fut.result()                # or engine.wait(rid); engine.cancel(rid)
+        engine.swap_weights(new_state, version=8)    # returns at once; applied between steps
+
+Locking: `_lock` guards the host bookkeeping (queue, sessions, completions, futures) and is
+released around every device call, so `submit`, `cancel`, `swap_weights` and `end_session` never
+wait for a device step; `_step_lock` makes steps run one at a time. Slot state (caches, lengths,
+pending tokens) is only touched by the stepping thread; `end_session` and `cancel` of a running
+request are deferred to the start of the next step when a step is in flight.
 
 Each step (1) applies a pending weight swap, (2) admits queued requests into free slots and
 prefills them (a finished slot takes the next request at once), (3) runs one decode step — plain,
@@ -18,8 +33,11 @@ which slot or batch a request lands in.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import functools
 import threading
+import time
 from typing import Callable, Iterator, Sequence
 
 import jax
@@ -31,8 +49,8 @@ from composer_jax.errors import ConfigError
 from composer_jax.inference import steps
 from composer_jax.inference.cache import init_cache
 from composer_jax.inference.config import EngineConfig
-from composer_jax.inference.requests import (Completion, PromptTooLongError, QueueFullError,
-                                             SessionBusyError, StreamEvent)
+from composer_jax.inference.requests import (Completion, EngineStoppedError, PromptTooLongError,
+                                             QueueFullError, SessionBusyError, StreamEvent)
 from composer_jax.inference.sampling import SamplerArrays, SamplingParams
 from composer_jax.inference.speculative import init_spec_state
 
@@ -99,7 +117,17 @@ class Engine:
         self._slot_prompt_len = np.zeros(b, np.int32)    # sequence length when the request began
         self._sessions: dict[str, _Session] = {}
         self._queue: collections.deque[int] = collections.deque()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()               # host bookkeeping (see the module doc)
+        self._work = threading.Condition(self._lock)
+        self._step_lock = threading.Lock()          # one step at a time
+        self._futures: dict[int, concurrent.futures.Future] = {}
+        self._resolved: list[tuple[concurrent.futures.Future, Completion]] = []
+        self._finished: collections.deque[int] = collections.deque()
+        self._cancel: set[int] = set()
+        self._end: list[str] = []
+        self._driver: threading.Thread | None = None
+        self._stopping = False
+        self._driver_error: BaseException | None = None
         self._pending_swap = None
         self._clock = 0
         self._next_id = 0
@@ -117,17 +145,35 @@ class Engine:
 
     def submit(self, prompt: Sequence[int], params: SamplingParams = SamplingParams(),
                session: str | None = None) -> int:
-        """Queues a request; returns its id. With `session`, `prompt` holds only the new tokens of
-        this turn (tool results, the next user message) and the conversation's cache is reused."""
+        """Queues a request; returns its id at once (no device work). With `session`, `prompt`
+        holds only the new tokens of this turn (tool results, the next user message) and the
+        conversation's cache is reused."""
+        return self._submit(prompt, params, session)[0]
+
+    def request(self, prompt: Sequence[int], params: SamplingParams = SamplingParams(),
+                session: str | None = None) -> concurrent.futures.Future:
+        """Like `submit`, but returns a Future resolved with the finished Completion (the future
+        has `.request_id`). Needs a started engine (or someone else calling `step`)."""
+        return self._submit(prompt, params, session)[1]
+
+    def _submit(self, prompt, params, session):
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("empty prompt: give at least one token")
         v = self.model_cfg.vocab_size
         if min(prompt) < 0 or max(prompt) >= v:
             raise ValueError(f"prompt token ids must be in [0, {v}), got {min(prompt)}..{max(prompt)}")
+        if params.forced_tokens and (min(params.forced_tokens) < 0
+                                     or max(params.forced_tokens) >= v):
+            raise ValueError(f"forced token ids must be in [0, {v})")
+        if params.forced_tokens and self.cfg.spec_depth:
+            raise ConfigError("forced_tokens need plain decoding (inference.spec_depth=0)")
         if params.stop_strings and self.detokenize is None:
             raise ConfigError("stop_strings need an engine built with detokenize=")
         with self._lock:
+            if self._driver_error is not None:
+                raise EngineStoppedError(f"the engine's driver thread crashed: "
+                                         f"{self._driver_error!r}") from self._driver_error
             history = []
             if session is not None and session in self._sessions:
                 s = self._sessions[session]
@@ -145,43 +191,172 @@ class Engine:
                                      f"(inference.max_queue={self.cfg.max_queue}); retry later")
             rid = self._next_id
             self._next_id += 1
-            self.completions[rid] = Completion(rid, prompt, params, session)
+            self.completions[rid] = Completion(rid, prompt, params, session,
+                                               submit_time=time.monotonic())
+            fut = concurrent.futures.Future()
+            fut.request_id = rid
+            self._futures[rid] = fut
             if session is not None:
                 s = self._sessions.setdefault(session, _Session())
                 s.busy = True
             self._queue.append(rid)
-            return rid
+            self._work.notify_all()
+            return rid, fut
+
+    def future(self, request_id: int) -> concurrent.futures.Future:
+        """The Future of a request (resolved at once if it already finished and is still kept)."""
+        with self._lock:
+            if request_id in self._futures:
+                return self._futures[request_id]
+            c = self.completions.get(request_id)
+        if c is None or not c.finished:
+            raise KeyError(f"unknown request id {request_id} (never submitted, or finished and "
+                           f"pruned: keep the Future from `request` instead)")
+        fut = concurrent.futures.Future()
+        fut.set_result(c)
+        return fut
+
+    def wait(self, request_id: int, timeout: float | None = None) -> Completion:
+        """Blocks until the request finishes and returns its Completion, removing it from
+        `completions`. Without a running driver, this thread steps the engine itself."""
+        fut = self.future(request_id)
+        if not self.running:
+            while not fut.done():
+                if self.idle and not fut.done():
+                    raise EngineStoppedError(f"request {request_id} cannot finish: the engine is idle")
+                self.step()
+        c = fut.result(timeout)
+        with self._lock:
+            self.completions.pop(request_id, None)
+        return c
+
+    def cancel(self, request_id: int) -> bool:
+        """Stops a request: a queued one at once, a running one at the start of the next step
+        (its tokens so far are kept). It finishes with finish_reason "cancelled". Returns False
+        when the request is unknown or already finished."""
+        with self._lock:
+            c = self.completions.get(request_id)
+            if c is None or c.finished:
+                return False
+            if request_id in self._queue:
+                self._queue.remove(request_id)
+                c.finish_reason = "cancelled"
+                if c.session is not None and c.session in self._sessions:
+                    self._sessions[c.session].busy = False
+                self._record_finished(c)
+            else:
+                self._cancel.add(request_id)
+                self._work.notify_all()
+        self._resolve_futures()
+        return True
 
     def end_session(self, session: str) -> None:
-        """Forgets a conversation and frees its cache slot."""
-        with self._lock:
-            s = self._sessions.pop(session, None)
-            if s is not None and s.slot is not None and self._slot_req[s.slot] is None:
-                self._free(s.slot)
+        """Forgets a conversation and frees its cache slot (at once, or at the start of the next
+        step when one is in flight)."""
+        if self._step_lock.acquire(blocking=False):
+            try:
+                with self._lock:
+                    self._end_session_now(session)
+            finally:
+                self._step_lock.release()
+        else:
+            with self._lock:
+                self._end.append(session)
+                self._work.notify_all()
+
+    def _end_session_now(self, session: str) -> None:
+        s = self._sessions.pop(session, None)
+        if s is not None and s.slot is not None and self._slot_req[s.slot] is None:
+            self._free(s.slot)
 
     def swap_weights(self, state, version: int) -> None:
-        """New parameters (same structure) for the next step on; running sequences keep going."""
+        """New parameters (same structure) for the next step on; running sequences keep going.
+        Returns at once; every token records the version of the step that sampled it."""
         with self._lock:
             self._pending_swap = (state, version)
+            self._work.notify_all()
+
+    # ---------------------------------------------------------------- the driver
+
+    @property
+    def running(self) -> bool:
+        return self._driver is not None and self._driver.is_alive()
+
+    def start(self) -> "Engine":
+        """Starts the background driver thread that steps whenever there is work."""
+        with self._lock:
+            if self._driver_error is not None:
+                raise EngineStoppedError(f"the engine's driver crashed: {self._driver_error!r}")
+            if self.running:
+                return self
+            self._stopping = False
+            self._driver = threading.Thread(target=self._drive, name="engine-driver", daemon=True)
+            self._driver.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stops the driver after its current step. Queued and running requests stay; a later
+        `start` (or `step`) continues them."""
+        with self._lock:
+            self._stopping = True
+            self._work.notify_all()
+            driver = self._driver
+        if driver is not None:
+            driver.join(timeout)
+        self._driver = None
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _has_work(self) -> bool:
+        return bool(self._queue or self._cancel or self._end or self._pending_swap is not None
+                    or any(r is not None for r in self._slot_req))
+
+    def _drive(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._stopping and not self._has_work():
+                        self._work.wait()
+                    if self._stopping:
+                        return
+                self.step()
+        except BaseException as exc:   # noqa: BLE001 - every waiter must learn of the crash
+            with self._lock:
+                self._driver_error = exc
+                waiting = list(self._futures.values())
+                self._futures.clear()
+            err = EngineStoppedError(f"the engine's driver thread crashed: {exc!r}")
+            for fut in waiting:
+                if not fut.done():
+                    fut.set_exception(err)
 
     @property
     def idle(self) -> bool:
-        return not self._queue and all(r is None for r in self._slot_req)
+        with self._lock:
+            return not self._queue and all(r is None for r in self._slot_req)
 
     # ---------------------------------------------------------------- the loop
 
     def step(self) -> list[StreamEvent]:
         """One engine step; returns the new tokens of every request that got some."""
-        with self._lock:
-            self._clock += 1
-            events: dict[int, list] = {}
-            if self._pending_swap is not None:
-                self._apply_swap()
-            self._admit(events)
-            active = np.array([r is not None and not r.finished for r in self._slot_req])
-            if active.any():
-                self._decode(active, events)
-            return [self._event(rid, start) for rid, start in events.items()]
+        with self._step_lock:
+            with self._lock:
+                self._clock += 1
+                events: dict[int, tuple[Completion, int]] = {}
+                self._apply_control(events)
+                if self._pending_swap is not None:
+                    self._apply_swap()
+                self._admit(events)
+                active = np.array([r is not None and not r.finished for r in self._slot_req])
+                if active.any():
+                    self._decode(active, events)
+                out = [self._event(c, start) for c, start in events.values()]
+            self._resolve_futures()
+            return out
 
     def stream(self) -> Iterator[StreamEvent]:
         """Steps until nothing is queued or generating, yielding events as they come."""
@@ -196,9 +371,49 @@ class Engine:
 
     # ---------------------------------------------------------------- internals
 
-    def _event(self, rid: int, start: int) -> StreamEvent:
-        c = self.completions[rid]
-        return StreamEvent(rid, start, tuple(c.tokens[start:]), c.finished, c.finish_reason)
+    @contextlib.contextmanager
+    def _unlocked(self):
+        """Releases the bookkeeping lock around device work (the caller holds it)."""
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+
+    def _apply_control(self, events) -> None:
+        """Deferred session ends and cancellations of running requests."""
+        ends, self._end = self._end, []
+        for session in ends:
+            self._end_session_now(session)
+        if not self._cancel:
+            return
+        for slot, c in enumerate(self._slot_req):
+            if c is not None and c.request_id in self._cancel:
+                c.finish_reason = "cancelled"
+                events.setdefault(c.request_id, (c, len(c.tokens)))
+                self._finish(slot, c)
+        self._cancel.clear()
+
+    def _record_finished(self, c: Completion) -> None:
+        """Marks the request's future for resolution and prunes the oldest finished ones."""
+        c.finish_time = time.monotonic()
+        fut = self._futures.pop(c.request_id, None)
+        if fut is not None:
+            self._resolved.append((fut, c))
+        self._finished.append(c.request_id)
+        while len(self._finished) > self.cfg.max_finished:
+            self.completions.pop(self._finished.popleft(), None)
+
+    def _resolve_futures(self) -> None:
+        """Resolves finished futures outside the lock (their callbacks may call the engine)."""
+        with self._lock:
+            done, self._resolved = self._resolved, []
+        for fut, c in done:
+            if not fut.done():
+                fut.set_result(c)
+
+    def _event(self, c: Completion, start: int) -> StreamEvent:
+        return StreamEvent(c.request_id, start, tuple(c.tokens[start:]), c.finished, c.finish_reason)
 
     def _free(self, slot: int) -> None:
         self._slot_req[slot] = None
@@ -206,7 +421,12 @@ class Engine:
         self.lengths[slot] = 0
 
     def _sampler(self, slots) -> SamplerArrays:
-        return SamplerArrays.build([self._slot_params[s] for s in slots])
+        forced = []
+        for s in slots:
+            c = self._slot_req[s]
+            ft = c.params.forced_tokens if c is not None else ()
+            forced.append(ft[len(c.tokens)] if ft and len(c.tokens) < len(ft) else -1)
+        return SamplerArrays.build([self._slot_params[s] for s in slots], forced)
 
     def _take_slot(self) -> int | None:
         held = {s.slot for s in self._sessions.values() if s.slot is not None}
@@ -247,11 +467,12 @@ class Engine:
             self._slot_prompt_len[slot] = len(full)
             start = int(self.lengths[slot])
             jobs.append((slot, full[start:], start, -1, 0))
-            events.setdefault(c.request_id, 0)
+            events.setdefault(c.request_id, (c, 0))
         for slot, toks, _, out in self._run_prefill(jobs):
             c = self._slot_req[slot]
             if out["chunk_router"] is not None:
                 c.prompt_router_indices = out["chunk_router"][:len(toks) - 1]
+                c.prompt_router_start = out["start"]
             self._advance(slot, [out])
 
     def _run_prefill(self, jobs):
@@ -277,18 +498,19 @@ class Engine:
         col = lambda k: jnp.asarray([g[k] for g in padded], jnp.int32)
         self.stats["prefill_tokens"] += sum(len(g[1]) for g in group)
         self.stats["prefill_calls"] += 1
-        self.cache, self.spec, out, chunk_router = self._prefill_fn(
-            self.state, self.cache, self.spec, jnp.asarray(tokens), jnp.asarray(slots), col(2),
-            jnp.asarray([len(g[1]) for g in padded], jnp.int32), col(3), self._sampler(slots),
-            jnp.asarray(self._slot_key[slots]), col(4))
-        host = jax.device_get(out)
-        chunk_router = None if chunk_router is None else np.asarray(chunk_router)
+        args = (self.state, self.cache, self.spec, jnp.asarray(tokens), jnp.asarray(slots), col(2),
+                jnp.asarray([len(g[1]) for g in padded], jnp.int32), col(3), self._sampler(slots),
+                jnp.asarray(self._slot_key[slots]), col(4))
+        with self._unlocked():
+            self.cache, self.spec, out, chunk_router = self._prefill_fn(*args)
+            host = jax.device_get(out)
+            chunk_router = None if chunk_router is None else np.asarray(chunk_router)
         for i, (slot, toks, start, _, _) in enumerate(group):
             info = {"token": int(host.tokens[i, 0]), "logp": float(host.logp[i, 0]),
                     "raw": float(host.raw_logp[i, 0]),
                     "router": None if host.router is None else host.router[:, i, 0],
                     "chunk_router": None if chunk_router is None
-                    else np.moveaxis(chunk_router[:, i], 1, 0)}
+                    else np.moveaxis(chunk_router[:, i], 1, 0), "start": start}
             self.lengths[slot] = start + len(toks)
             yield slot, toks, start, info
 
@@ -297,11 +519,12 @@ class Engine:
         counters = np.array([len(r.tokens) if r is not None else 0 for r in self._slot_req],
                             np.int32)
         self.stats["decode_steps"] += 1
-        self.cache, self.spec, out = self._decode_fn(
-            self.state, self.cache, self.spec, jnp.asarray(self.pending), jnp.asarray(self.lengths),
-            jnp.asarray(active), self._sampler(range(b)), jnp.asarray(self._slot_key),
-            jnp.asarray(counters))
-        host = jax.device_get(out)
+        args = (self.state, self.cache, self.spec, jnp.asarray(self.pending),
+                jnp.asarray(self.lengths), jnp.asarray(active), self._sampler(range(b)),
+                jnp.asarray(self._slot_key), jnp.asarray(counters))
+        with self._unlocked():
+            self.cache, self.spec, out = self._decode_fn(*args)
+            host = jax.device_get(out)
         for slot in np.nonzero(active)[0]:
             c = self._slot_req[slot]
             n = int(host.n_new[slot])
@@ -310,7 +533,7 @@ class Engine:
                 self.stats["verify_tokens"] += n
                 self.attempted_at_depth[:min(n, self.cfg.spec_depth)] += 1
                 self.accepted_at_depth[:n - 1] += 1
-            events.setdefault(c.request_id, len(c.tokens))
+            events.setdefault(c.request_id, (c, len(c.tokens)))
             self._advance(slot, [{"token": int(host.tokens[slot, j]),
                                   "logp": float(host.logp[slot, j]),
                                   "raw": float(host.raw_logp[slot, j]),
@@ -353,6 +576,8 @@ class Engine:
             return "max_new_tokens"
         if self._slot_prompt_len[slot] + len(c.tokens) >= self.cfg.max_len:
             return "length"
+        if p.forced_tokens and len(c.tokens) >= len(p.forced_tokens):
+            return "forced"
         return None
 
     def _finish(self, slot: int, c: Completion) -> None:
@@ -362,6 +587,7 @@ class Engine:
             s.tokens, s.busy, s.last_used = list(self._slot_tokens[slot]), False, self._clock
         else:
             self._free(slot)
+        self._record_finished(c)
 
     def _apply_swap(self) -> None:
         state, version = self._pending_swap

@@ -21,6 +21,10 @@ class SessionBusyError(ComposerError):
     """A conversation got a new turn while its previous turn is still generating."""
 
 
+class EngineStoppedError(ComposerError, RuntimeError):
+    """The engine's driver thread crashed or was stopped while a request was waiting."""
+
+
 @dataclasses.dataclass
 class Completion:
     """One request's output, token by token.
@@ -30,7 +34,11 @@ class Completion:
     (experts of the forward pass that produced each token) and prompt_router_indices [P-1,Lm,K]
     (experts at the prompt positions before the last one) when the engine captures routing, so that
     prompt_router_indices ++ router_indices replays positions 0 .. P+N-2 of prompt ++ tokens.
-    finish_reason: "stop_token", "stop_string", "max_new_tokens" or "length" (context full).
+    prompt_router_start: the sequence position of the first row of prompt_router_indices (the
+    fed chunk of a session turn starts at the previous turn's last token, a rebuilt session at 0).
+    finish_reason: "stop_token", "stop_string", "max_new_tokens", "length" (context full),
+    "forced" (all forced tokens emitted) or "cancelled".
+    submit_time / finish_time: time.monotonic() when the request was queued / finished.
     """
     request_id: int
     prompt: list[int]
@@ -42,7 +50,10 @@ class Completion:
     versions: list[int] = dataclasses.field(default_factory=list)
     router_indices: list[np.ndarray] = dataclasses.field(default_factory=list)
     prompt_router_indices: np.ndarray | None = None
+    prompt_router_start: int = 0
     finish_reason: str | None = None
+    submit_time: float = 0.0
+    finish_time: float = 0.0
 
     @property
     def finished(self) -> bool:

@@ -25,6 +25,11 @@ class SamplingParams:
     Generation stops at the first of: a token in `stop_tokens` (kept in the output), a
     `stop_strings` match in the detokenised completion (needs an engine `detokenize` function),
     `max_new_tokens`, or the context length. `seed` fixes the request's PRNG stream.
+
+    `forced_tokens` (teacher forcing): the request emits exactly these tokens instead of sampling
+    (stopping early on the conditions above, else with finish reason "forced" after the last one);
+    their log-probabilities are still those of the distribution set by temperature/top-k/top-p, so
+    a scripted policy run through the engine gets real behaviour log-probabilities.
     """
     temperature: float = 1.0
     top_k: int = 0
@@ -33,8 +38,11 @@ class SamplingParams:
     stop_tokens: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
+    forced_tokens: tuple[int, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "forced_tokens", tuple(int(t) for t in self.forced_tokens))
+        object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
@@ -47,16 +55,21 @@ class SamplingParams:
 
 @struct.dataclass
 class SamplerArrays:
-    """Per-row sampling parameters as arrays: temperature [B] f32, top_k [B] i32, top_p [B] f32."""
+    """Per-row sampling parameters as arrays: temperature [B] f32, top_k [B] i32, top_p [B] f32,
+    forced [B] i32 (the token to emit instead of sampling, -1 = sample)."""
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
+    forced: jax.Array
 
     @staticmethod
-    def build(params: list[SamplingParams]) -> "SamplerArrays":
+    def build(params: list[SamplingParams], forced=None) -> "SamplerArrays":
+        """From per-row params; forced: per-row token to force (-1 or None = sample)."""
+        forced = [-1] * len(params) if forced is None else [-1 if f is None else f for f in forced]
         return SamplerArrays(jnp.asarray([p.temperature for p in params], jnp.float32),
                              jnp.asarray([p.top_k for p in params], jnp.int32),
-                             jnp.asarray([p.top_p for p in params], jnp.float32))
+                             jnp.asarray([p.top_p for p in params], jnp.float32),
+                             jnp.asarray(forced, jnp.int32))
 
 
 def raw_logprobs(logits: jax.Array) -> jax.Array:
@@ -100,7 +113,9 @@ def take(logp: jax.Array, tokens: jax.Array) -> jax.Array:
 
 def sample(logits: jax.Array, sp: SamplerArrays, keys: jax.Array):
     """logits [B,V] -> (tokens [B] int32, logprob under the sampled distribution [B],
-    logprob under the raw model [B], processed logprobs [B,V])."""
+    logprob under the raw model [B], processed logprobs [B,V]). Rows with sp.forced >= 0 emit
+    that token (teacher forcing) and report its log-probabilities."""
     logp = processed_logprobs(logits, sp.temperature, sp.top_k, sp.top_p)
     tokens = sample_logprobs(logp, keys)
+    tokens = jnp.where(sp.forced >= 0, sp.forced, tokens)
     return tokens, take(logp, tokens), take(raw_logprobs(logits), tokens), logp

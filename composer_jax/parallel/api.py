@@ -21,7 +21,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from composer_jax.parallel import context_parallel as cp_lib
-from composer_jax.errors import ConfigError
+from composer_jax.parallel.batch_schema import LM_FIELDS, BatchSchema
 from composer_jax.parallel.sharding import (ParallelContext, activate, logical_to_spec,
                                             state_shardings)
 
@@ -89,21 +89,13 @@ def train_step(graphdef, tx, params, opt_state, batch, pc=None):
 # ---------------------------------------------------------------------------------------------
 
 
-def batch_field_axes(ndim: int) -> tuple:
-    """Logical axes of a batch field: [B,T] or [B,Dm,T] (MTP fields)."""
-    if ndim == 2:
-        return ("batch", "seq")
-    if ndim == 3:
-        return ("batch", None, "seq")
-    raise ConfigError(f"a batch field must be [B,T] or [B,Dm,T]; got rank {ndim}")
-
-
-def batch_shardings(batch: dict, pc: ParallelContext) -> dict:
-    """NamedSharding per batch field (arrays or ShapeDtypeStructs): [B,T] -> (batch, seq);
-    [B,Dm,T] -> (batch, None, seq). A ConfigError names the field, the dim and the mesh axes
-    when B or T does not split over them."""
+def batch_shardings(batch: dict, pc: ParallelContext, schema: BatchSchema = LM_FIELDS) -> dict:
+    """NamedSharding per batch field (arrays or ShapeDtypeStructs) from the field's logical axes
+    in `schema` (e.g. [B,T] tokens -> (batch, seq), [Lm,B,T,K] router replay ->
+    (None, batch, seq, None)). A ConfigError names the field, the dim and the mesh axes when a
+    dim does not split over them, or the field when the schema does not declare it."""
     return {k: NamedSharding(pc.mesh, logical_to_spec(
-        batch_field_axes(v.ndim), pc.rules, v.shape, pc.sizes, what=f"batch field {k!r}"))
+        schema[k].axes, pc.rules, v.shape, pc.sizes, what=f"batch field {k!r}"))
         for k, v in batch.items()}
 
 

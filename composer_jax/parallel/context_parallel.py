@@ -9,6 +9,8 @@ contiguously over `context` gives each shard its pair.
 Everything per token is computed in the original order first (targets, MTP targets, masks, segment
 ids, positions, the MTP future tokens and the global token index used by the causal mask) and then
 reordered together (`reorder_batch`); the loss is a sum over tokens, so it needs no un-reorder.
+Which fields are per token, and where their token axis is, comes from the batch schema
+(`composer_jax.parallel.batch_schema`).
 
 Shape glossary: B batch, T tokens, Dm MTP depth, cp context-parallel degree.
 """
@@ -18,9 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from composer_jax.errors import ConfigError
-
-PER_TOKEN_FIELDS = ("tokens", "positions", "segment_ids", "targets", "loss_mask", "mtp_targets",
-                    "mtp_mask", "token_index", "mtp_tokens")
+from composer_jax.parallel.batch_schema import LM_FIELDS, BatchSchema
 
 
 def load_balance_permutation(t: int, cp: int) -> np.ndarray:
@@ -48,9 +48,12 @@ def future_tokens(tokens: jnp.ndarray, depth: int) -> jnp.ndarray:
     return jnp.stack([jnp.pad(tokens[:, k:], ((0, 0), (0, k))) for k in range(1, depth + 1)])
 
 
-def reorder_batch(batch: dict, cp: int, mtp_depth: int = 0) -> dict:
+def reorder_batch(batch: dict, cp: int, mtp_depth: int = 0,
+                  schema: BatchSchema = LM_FIELDS) -> dict:
     """Adds `token_index` [B,T] (and `mtp_tokens` [Dm,B,T] when mtp_depth > 0) computed in the
-    original order, then reorders every per-token field along its last (token) axis."""
+    original order, then reorders every field the schema declares per token along its token axis
+    (fields without a token axis, e.g. [B] advantages, stay as they are). A field the schema does
+    not declare is an error that names it."""
     tokens = batch["tokens"]
     b, t = tokens.shape
     out = dict(batch)
@@ -63,4 +66,5 @@ def reorder_batch(batch: dict, cp: int, mtp_depth: int = 0) -> dict:
         out["mtp_tokens"] = future_tokens(tokens, mtp_depth)
     if cp == 1:
         return out
-    return {k: (reorder(v, cp) if k in PER_TOKEN_FIELDS else v) for k, v in out.items()}
+    return {k: (reorder(v, cp, axis=schema[k].token_axis) if schema[k].per_token else v)
+            for k, v in out.items()}

@@ -8,7 +8,6 @@ checkpoint cannot be read, restore falls back to the previous one and says so.
 """
 from __future__ import annotations
 
-import pathlib
 import signal
 import sys
 import time
@@ -18,11 +17,12 @@ import orbax.checkpoint as ocp
 
 from composer_jax.config import Config, to_dict
 from composer_jax.errors import CheckpointError
+from composer_jax.runlog import run_path
 
 
 class Checkpointer:
     def __init__(self, directory, cfg: Config, every: int, keep: int):
-        self.directory = pathlib.Path(directory).absolute()
+        self.directory = run_path(directory)     # a URL (gs://...) is used as given
         self.cfg = cfg
         self.manager = ocp.CheckpointManager(
             self.directory,

@@ -13,12 +13,13 @@ import pathlib
 import time
 
 import jax
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from composer_jax.config import Config
 from composer_jax.errors import ComposerError
 from composer_jax.model.flops import flops_per_token
-from composer_jax.runlog import MetricsWriter, metric_series, read_metrics
+from composer_jax.runlog import (MetricsWriter, StepProfiler, is_remote, metric_series,
+                                 read_metrics, run_path)
 from composer_jax.train.checkpoint import Checkpointer
 from composer_jax.train.mfu import peak_flops_per_device
 from composer_jax.train.schedules import make_schedule
@@ -44,7 +45,7 @@ def _build(cfg: Config, mesh):
     """(StepFns, initial TrainState): a fresh model (`build_fresh`), or a Hugging Face checkpoint
     loaded on the host and then placed."""
     src = cfg.train.init_from
-    path = pathlib.Path(src) if src else None
+    path = run_path(src) if src else None
     if not src or (path / "checkpoints").is_dir():   # a previous run: params restored in train()
         return build_fresh(cfg, mesh)
     if (path / "config.json").exists() and list(path.glob("*.safetensors")):
@@ -62,7 +63,10 @@ def _data(cfg: Config, workdir: pathlib.Path, kind: str, start_state):
     corpus = data.build_or_load_corpus(cfg.data)
     tokenizer = data.build_or_load_tokenizer(cfg.data, corpus, cfg.model.vocab_size)
     if jax.process_index() == 0:
-        tokenizer.save(workdir / "tokenizer.json")
+        if is_remote(workdir):     # gs:// etc.: Tokenizer.save wants a local path
+            (workdir / "tokenizer.json").write_text(tokenizer.hf.to_str())
+        else:
+            tokenizer.save(workdir / "tokenizer.json")
     make = data.make_sft_iterator if kind == "sft" else data.make_train_iterator
     it = make(cfg.data, tokenizer, cfg.model.mtp_depth, jax.process_index(), jax.process_count(),
               start_state, corpus=corpus)
@@ -105,7 +109,8 @@ def plot_curves(workdir: pathlib.Path) -> pathlib.Path | None:
     out = workdir / "plots" / "loss.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with out.open("wb") as f:      # any epath (gs://...) as well as a local path
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
     return out
 
@@ -116,16 +121,16 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
 
     interrupt_at: behave as if SIGTERM arrived during that step (tests of the resume path).
     """
-    workdir = pathlib.Path(workdir)
+    workdir = run_path(workdir)
     tc = cfg.train
     mesh = training_mesh(cfg)
     fns, state = _build(cfg, mesh)
     ckpt = Checkpointer(workdir / "checkpoints", cfg, tc.checkpoint_every, tc.keep_checkpoints)
     restored = ckpt.restore_latest(state)
-    if restored is None and tc.init_from and (pathlib.Path(tc.init_from) / "checkpoints").is_dir():
+    if restored is None and tc.init_from and (run_path(tc.init_from) / "checkpoints").is_dir():
         # Start a new stage (e.g. long-context extension) from another run's latest weights: the
         # parameters and router biases carry over; optimizer state, step and data start afresh.
-        src = Checkpointer(pathlib.Path(tc.init_from) / "checkpoints", cfg, 1, 1)
+        src = Checkpointer(run_path(tc.init_from) / "checkpoints", cfg, 1, 1)
         found = src.restore_latest(state, check_config=False)
         src.close()
         if found is None:
@@ -151,7 +156,8 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     print(f"training {cfg.model.name} for {tc.steps} steps from step {start}; "
           f"{flops_tok:.3g} FLOPs/token; peak {peak:.3g} FLOP/s/device ({peak_src})")
     lead = jax.process_index() == 0          # the one process that writes logs and plots
-    writer = MetricsWriter(workdir, enabled=lead)
+    writer = MetricsWriter(workdir, enabled=lead, config=cfg)
+    profiler = StepProfiler(workdir, tc.profile_steps, enabled=lead)
     last: dict = {}
     done = start
     t_log, tokens_since = time.perf_counter(), 0
@@ -160,7 +166,9 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     try:
         for step in range(start, tc.steps):
             b = fns.place_batch(next(it))
+            profiler.start(step + 1)
             state, m = fns.train_step(state, b)
+            profiler.stop(step + 1, m)
             tokens_since += int(b["tokens"].size)      # global rows x seq_len
             done = step + 1
             if int(state.nonfinite_streak) >= tc.max_nonfinite_steps:
@@ -196,6 +204,7 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
                 break
     finally:
         pbar.close()
+        profiler.close()
         writer.close()
         ckpt.close()
     png = plot_curves(workdir) if lead else None

@@ -1,6 +1,6 @@
 """Pure loss functions of logits and batch fields (no parameters, no modules).
 
-Shape glossary: B batch, T tokens, V vocab, D MTP depths.
+Shape glossary: B batch, T tokens, V vocab, Dm MTP depths, n token chunks.
 Each returns a *sum* over valid tokens; callers divide by a token count they choose (the train step
 uses the global count of the whole batch, so microbatching gives the same gradients).
 """
@@ -22,13 +22,6 @@ def z_loss_sum(logits: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * mask)
 
 
-def mtp_supervised_sums(mtp_logits: jax.Array, mtp_targets: jax.Array, mtp_mask: jax.Array):
-    """Per-depth CE sums [D]. mtp_logits [D,B,T,V], mtp_targets/mtp_mask [B,D,T]."""
-    targets = jnp.swapaxes(mtp_targets, 0, 1)
-    mask = jnp.swapaxes(mtp_mask, 0, 1)
-    return jax.vmap(cross_entropy_sum)(mtp_logits, targets, mask)
-
-
 def shift_left(x: jax.Array, k: int, axis: int = 1) -> jax.Array:
     """x[:, i + k] at position i (zero-filled past the end) along `axis`."""
     pad = [(0, 0)] * x.ndim
@@ -37,11 +30,11 @@ def shift_left(x: jax.Array, k: int, axis: int = 1) -> jax.Array:
 
 
 def mtp_self_distill_sums(mtp_logits: jax.Array, main_logits: jax.Array, mtp_mask: jax.Array):
-    """Per-depth KL(p_main || q_mtp) sums [D] (the Composer recipe's MTP self-distillation).
+    """Per-depth KL(p_main || q_mtp) sums [Dm] (the Composer recipe's MTP self-distillation).
 
     MTP depth k at position i predicts token i+k+1, which the main head predicts at position i+k;
-    the teacher is stop_gradient(softmax(main_logits[:, i+k])). mtp_logits [D,B,T,V],
-    main_logits [B,T,V], mtp_mask [B,D,T] (1 where i+k+1 lies in i's document).
+    the teacher is stop_gradient(softmax(main_logits[:, i+k])). mtp_logits [Dm,B,T,V],
+    main_logits [B,T,V], mtp_mask [B,Dm,T] (1 where i+k+1 lies in i's document).
     """
     teacher_logp = jax.nn.log_softmax(jax.lax.stop_gradient(main_logits), axis=-1)
     sums = []
@@ -87,6 +80,31 @@ def sum_over_token_chunks(fn, n_chunks: int, chunked: tuple, shared: tuple = ())
 
     acc, _ = jax.lax.scan(step, zeros, xs)
     return acc
+
+
+def untoken_chunks(x: jax.Array) -> jax.Array:
+    """Inverse of `token_chunks`: [n, B, T/n, ...] -> [B, T, ...]."""
+    n, b, c = x.shape[:3]
+    return jnp.moveaxis(x, 0, 2).reshape((b, c * n) + x.shape[3:])
+
+
+def map_over_token_chunks(fn, n_chunks: int, chunked: tuple, shared: tuple = ()):
+    """fn(*chunk_j(chunked), *shared) for every chunk j, reassembled into per-token outputs
+    [B, T, ...] (a pytree). Like `sum_over_token_chunks`, the chunks run in a `lax.scan` with a
+    checkpointed body, so one chunk's [B, T/n, V] logits exist at a time. n_chunks == 1 is fn."""
+    if n_chunks == 1:
+        return fn(*chunked, *shared)
+    xs = tuple(token_chunks(a, n_chunks) for a in chunked)
+    body = jax.checkpoint(lambda xs_j, sh: fn(*xs_j, *sh))
+    _, ys = jax.lax.scan(lambda c, xs_j: (c, body(xs_j, shared)), None, xs)
+    return jax.tree.map(untoken_chunks, ys)
+
+
+def target_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """log softmax(logits)[targets] of f32 logits [..., V] and int targets [...] -> [...]."""
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return picked - logz
 
 
 def ce_and_z_sums(logits: jax.Array, targets: jax.Array, mask: jax.Array):

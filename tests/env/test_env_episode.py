@@ -56,7 +56,9 @@ def test_oracle_resolves_and_null_does_not(task_env, cfg, tmp_path):
     assert ep.stop_reason == "finish" and ep.grade.resolved
     assert (ep.grade.f2p_passed, ep.grade.p2p_passed) == (1, 1)
     assert ep.changed_files == ["mod.py"] and ep.num_invalid_calls == 0
-    assert ep.reward.total == pytest.approx(1.0 - ep.reward.length)
+    r = ep.reward
+    assert r.total == pytest.approx(1.0 + r.valid_calls + r.communication - r.length)
+    assert r.tampering == 0.0 and not ep.tampered and ep.token_count_source == "chars/4"
     ep.save_jsonl(tmp_path / "t.jsonl")
     lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert [x["type"] for x in lines][:2] == ["message", "message"]

@@ -62,3 +62,35 @@ def test_call_without_section_tokens_is_still_parsed():
     text = "sure " + p.render_tool_call("finish", {"message": "m"}, 0)
     turn = p.parse_assistant(text)
     assert turn.content == "sure" and turn.tool_calls[0].arguments == {"message": "m"}
+
+
+def _exact_conversation():
+    """A conversation whose assistant JSON spacing differs from json.dumps (what a model may
+    sample), with a truncated call, a plain-text turn and tool results."""
+    a1 = ("Reading.<|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0"
+          "<|tool_call_argument_begin|>{\"target_file\":\"a.py\" }<|tool_call_end|>"
+          "<|tool_calls_section_end|>")
+    a2 = "Edit:<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:1" \
+         "<|tool_call_argument_begin|>{\"file_path\": \"a.py\", \"conte"
+    a3 = "Done, nothing else to do."
+    return a1, a2, a3
+
+
+def test_incremental_rendering_equals_whole_conversation():
+    a1, a2, a3 = _exact_conversation()
+    start = [{"role": "system", "content": p.SYSTEM_PROMPT}, {"role": "user", "content": "Fix a.py"}]
+    t1 = [{"role": "tool", "tool_call_id": "functions.read_file:0", "content": "x = 1\n"}]
+    t2 = [{"role": "tool", "tool_call_id": "functions.write_file:1", "content": "Error: cut off"},
+          {"role": "user", "content": "Please go on."}]
+    m1 = p.assistant_message(a1, p.parse_assistant(a1))
+    m2 = p.assistant_message(a2, p.parse_assistant(a2, first_index=1))
+    m3 = p.assistant_message(a3, p.parse_assistant(a3, first_index=2))
+    pieces = (p.render_prompt(start, TOOL_SPECS) + a1 + p.IM_END + p.render_continuation(t1)
+              + a2 + p.IM_END + p.render_continuation(t2) + a3 + p.IM_END)
+    whole = p.render_prompt(start + [m1] + t1 + [m2] + t2 + [m3], TOOL_SPECS,
+                            add_generation_prompt=False)
+    assert pieces == whole
+    # without `raw` the parsed call is re-serialised and the text differs from what was sampled
+    m1_parsed = {k: v for k, v in m1.items() if k != "raw"}
+    assert a1 not in p.render_prompt(start + [m1_parsed], TOOL_SPECS)
+    assert m2["tool_calls"][0]["error"] and p.ASSISTANT_PROMPT == "<|im_assistant|>assistant<|im_middle|>"

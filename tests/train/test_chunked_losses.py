@@ -6,7 +6,8 @@ import pytest
 
 from composer_jax.parallel import context_parallel as cp_lib
 from composer_jax.train import losses
-from composer_jax.train.step import loss_chunks, shift_left_original_order
+from composer_jax.train.lm_loss import shift_left_original_order
+from composer_jax.train.loss_api import loss_chunks
 
 
 def _head_inputs(b=2, t=16, d=6, v=11):

@@ -1,7 +1,7 @@
 """Runs unittest ids inside the sandbox and prints one JSON line of per-test outcomes.
 
-Usage: python -S unittest_runner.py [--module NAME]... TEST_NAME...
-       python -S unittest_runner.py --serve      (fork server; see `serve`)
+Usage: python -I -S -B unittest_runner.py [--module NAME]... TEST_NAME...   (nonce on stdin)
+       python -I -S -B unittest_runner.py --serve      (fork server; see `serve`)
   TEST_NAME: a module ("test_foo"), class ("test_foo.Cls") or test id ("test_foo.Cls.test_x").
   --module NAME: also report where module NAME was imported from (to check the workspace copy
   shadows the installed one).
@@ -9,10 +9,20 @@ Usage: python -S unittest_runner.py [--module NAME]... TEST_NAME...
 The current directory goes first on sys.path, and modules it provides that the interpreter or
 unittest had already imported (e.g. difflib, textwrap) are forgotten so the tests import the
 workspace copy. Test output is sent to /dev/null; the last stdout
-line is "@@CJ_RESULTS@@" followed by JSON: {"results": {id: "pass"|"fail"|"error"|"skip"},
+line is "@@CJ_RESULTS@@<nonce>:" followed by JSON: {"results": {id: "pass"|"fail"|"error"|"skip"},
 "messages": {id: short reason}, "modules": {name: file}, "duration": seconds, "class_times":
-{test class id: seconds spent in its tests}}.
+{test class id: seconds spent in its tests}, "integrity": [what the code under test replaced]}.
 Runs on every CPython >= 3.8 (it is executed by each task's own interpreter).
+
+Integrity (the code under test runs in this process, so it is not trusted):
+  * the nonce comes on stdin (one-shot) or in the request (serve) and is read before any workspace
+    code is imported; the host accepts only the result line that carries it, so a line printed by
+    the code under test is ignored (and reported as a forgery);
+  * before importing workspace code the runner records the identity of everything the outcome
+    depends on (unittest's classes and module functions, this runner's result class, json, os,
+    builtins, sys.meta_path/path_hooks, the trace and profile hooks), and after loading the tests
+    the test classes' own functions; after the run any replacement is listed in "integrity" and
+    the host counts the run as tampered (nothing passes).
 """
 import json
 import os
@@ -104,8 +114,92 @@ def _prepare():
         pass
 
 
-def run_names(names, modules):
-    """Runs the tests (in this process) and returns the JSON result line."""
+def _ident(value):
+    """What must not change about a watched attribute: the object and, for functions, its code."""
+    inner = getattr(value, "__func__", value)
+    return (id(value), id(getattr(inner, "__code__", None)), id(getattr(inner, "__defaults__", None)))
+
+
+def _watch_namespace(prefix, namespace, out, callables_only=False, keys=False, _ident=_ident):
+    """Records `namespace`'s entries (only the callable ones if `callables_only`); with `keys`
+    also its set of names (an added override such as `run` then shows too)."""
+    for key, value in list(namespace.items()):
+        if callables_only and not (callable(value) or hasattr(value, "__func__")):
+            continue
+        out[prefix + key] = _ident(value)
+    if keys:
+        out[prefix + "<keys>"] = tuple(sorted(namespace))
+
+
+def integrity_snapshot(_watch_namespace=_watch_namespace):
+    """Identities of everything the reported outcomes depend on (see the module docstring)."""
+    import builtins
+    import json.encoder
+    import unittest.case
+    import unittest.loader
+    import unittest.result
+    import unittest.suite
+    out = {}
+    classes = [unittest.case.TestCase, unittest.result.TestResult, unittest.suite.BaseTestSuite,
+               unittest.suite.TestSuite, unittest.loader.TestLoader, _Result,
+               json.encoder.JSONEncoder]
+    if hasattr(unittest.case, "_Outcome"):
+        classes.append(unittest.case._Outcome)
+    for cls in classes:
+        _watch_namespace("%s.%s." % (cls.__module__, cls.__qualname__), dict(vars(cls)), out,
+                         keys=True)
+    main_module = sys.modules.get("__main__")
+    for mod in (unittest, unittest.case, unittest.result, unittest.suite, unittest.loader, json,
+                json.encoder, os, sys, main_module):
+        _watch_namespace(mod.__name__ + ".", dict(vars(mod)), out, callables_only=True)
+    bvars = {k: v for k, v in vars(builtins).items() if k != "_"}
+    _watch_namespace("builtins.", bvars, out)
+    out["sys.meta_path"] = tuple(id(x) for x in sys.meta_path)
+    out["sys.path_hooks"] = tuple(id(x) for x in sys.path_hooks)
+    out["sys.gettrace()"] = id(sys.gettrace())
+    out["sys.getprofile()"] = id(sys.getprofile())
+    out["sys.modules[__main__]"] = id(sys.modules.get("__main__"))
+    return out
+
+
+def test_classes(suite, into):
+    """Adds the (non-unittest) classes of the test cases in `suite` to the list `into`."""
+    stack = [suite]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, unittest.TestSuite):
+            stack.extend(item)
+            continue
+        for cls in type(item).__mro__:
+            if cls not in into and not cls.__module__.startswith("unittest") and cls is not object:
+                into.append(cls)
+
+
+def classes_snapshot(classes, _watch_namespace=_watch_namespace):
+    """Identities of the functions of the loaded test classes (defined by the restored tests)."""
+    out = {}
+    for cls in classes:
+        funcs = {k: v for k, v in vars(cls).items() if callable(v) or hasattr(v, "__func__")}
+        _watch_namespace("%s.%s." % (cls.__module__, cls.__qualname__), funcs, out)
+    return out
+
+
+def compare(before, after):
+    """Names recorded before whose identity changed (or that disappeared)."""
+    bad = []
+    for key in sorted(before):
+        if before.get(key) != after.get(key):
+            bad.append(key + (" changed" if key.endswith(">") or key.endswith(")")
+                              else " replaced"))
+    return bad
+
+
+def run_names(names, modules, _snapshot=integrity_snapshot, _compare=compare,
+              _classes_snapshot=classes_snapshot):
+    """Runs the tests (in this process) and returns the JSON result line (the integrity helpers
+    are bound as defaults, so rebinding the module's names does not reach this call)."""
+    watched = _snapshot()
+    classes, tests_watched = [], {}
     sys.path.insert(0, os.getcwd())
     unshadow_workspace_modules(os.getcwd())
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -121,6 +215,14 @@ def run_names(names, modules):
             result.outcomes[name] = "error"
             result.messages[name] = ("%s: %s" % (type(exc).__name__, exc))[:300]
             continue
+        try:
+            new = []
+            test_classes(suite, new)
+            new = [c for c in new if c not in classes]
+            classes.extend(new)
+            tests_watched.update(_classes_snapshot(new))
+        except BaseException:
+            pass
         try:
             suite.run(result)
         except BaseException as exc:
@@ -143,19 +245,40 @@ def run_names(names, modules):
             spec = importlib.util.find_spec(m)
             found[m] = spec.origin if spec else None
     times = {k: round(v, 4) for k, v in result.class_times.items()}
-    return json.dumps({"results": result.outcomes, "messages": result.messages, "modules": found,
-                       "duration": time.time() - start, "class_times": times})
+    integrity = _compare(watched, _snapshot())
+    try:
+        integrity += _compare(tests_watched, _classes_snapshot(classes))
+    except BaseException as exc:
+        integrity.append("test classes could not be re-inspected: %s" % type(exc).__name__)
+    return _DUMPS({"results": result.outcomes, "messages": result.messages, "modules": found,
+                   "duration": time.time() - start, "class_times": times,
+                   "integrity": integrity[:50]})
+
+
+
+_DUMPS = json.dumps
+_WRITE = os.write
+_EXIT = os._exit
+
+
+def _emit(fd, nonce, body):
+    data = ("\n" + MARKER + nonce + ":" + body + "\n").encode()
+    while data:
+        data = data[_WRITE(fd, data):]
 
 
 def main(argv):
-    """One-shot mode: run the tests named on the command line, print the result line, exit."""
+    """One-shot mode: read the nonce from stdin, run the tests named on the command line, print
+    the result line, exit."""
+    nonce = sys.stdin.readline().strip()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
     names, modules = _parse(argv)
     _prepare()
-    out = os.fdopen(os.dup(1), "w")
+    fd = os.dup(1)
     line = run_names(names, modules)
-    out.write("\n" + MARKER + line + "\n")
-    out.flush()
-    os._exit(0)
+    _emit(fd, nonce, line)
+    _EXIT(0)
 
 
 def serve():
@@ -163,14 +286,16 @@ def serve():
     request per stdin line ({"names": [...], "modules": [...]}) and runs each in a forked child,
     so every run starts from the same clean state; the result line goes to stdout."""
     _prepare()
-    out = os.fdopen(os.dup(1), "w")
+    out = os.dup(1)
     for line in sys.stdin:
         req = json.loads(line)
+        nonce = str(req.get("nonce", ""))
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(r)
             try:
+                os.close(0)
                 data = run_names(req["names"], req.get("modules", [])).encode()
                 while data:
                     data = data[os.write(w, data):]
@@ -186,8 +311,7 @@ def serve():
         os.close(r)
         os.waitpid(pid, 0)
         body = b"".join(chunks).decode() or json.dumps({"error": "the test process died"})
-        out.write("\n" + MARKER + body + "\n")
-        out.flush()
+        _emit(out, nonce, body)
 
 
 if __name__ == "__main__":

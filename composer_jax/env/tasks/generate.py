@@ -23,7 +23,7 @@ import re
 import threading
 import time
 
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.pythons import find_pythons, get_python
@@ -129,6 +129,8 @@ class Generator:
                     if cfg.stdlib_sources else [])
             self.todo[v] = [s for s in pkgs if s.version == v] + sorted(
                 srcs, key=lambda s: (pathlib.Path(s.test_path).stat().st_size, s.module))
+            if cfg.modules:
+                self.todo[v] = [s for s in self.todo[v] if s.module in cfg.modules]
         self.baselines: dict[tuple[str, str], cands.Baseline] = {}
         self.per_module = collections.Counter((t.python_version, t.module) for t in self.pool.tasks())
         self.accepted_mutations = collections.defaultdict(list)

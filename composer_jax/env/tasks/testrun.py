@@ -1,12 +1,21 @@
 """Running unittest ids in a sandbox with a task's interpreter, and reading back per-test outcomes.
 
 `run_tests` starts a fresh sandbox and interpreter per run (used for grading episodes);
-`TestServer` keeps one warm, sandboxed fork server per scratch directory (used for generation).
+`TestServer` keeps one warm, sandboxed fork server per scratch directory (used for generation,
+where no agent code runs).
+
+The runner runs isolated (`python -I -S -B`: no start-up hooks, no current directory or PYTHON*
+variables at start, no bytecode written) and answers with one line `@@CJ_RESULTS@@<nonce>:{json}`.
+The nonce is fresh per run and reaches the runner on stdin, before any workspace code is imported;
+only the line carrying it counts. Other result lines (printed by the code under test) are forgeries:
+they are listed in `TestRun.tamper`, as are the runner's integrity findings (unittest, the runner,
+builtins or the test classes replaced while the tests ran); a run with either is not `ok`.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import shlex
 import subprocess
 import time
@@ -25,7 +34,8 @@ class TestRun:
     runner itself did not report (crash, timeout), in which case every requested id counts as
     failed; `modules` maps module name -> file it was imported from; `duration_s` is the wall time
     seen from the host, `test_seconds` the time spent running tests inside the interpreter,
-    `class_times` maps test class id -> seconds its tests took (to pick fast tests)."""
+    `class_times` maps test class id -> seconds its tests took (to pick fast tests); `tamper` lists
+    forged result lines and integrity violations (then `ok` is False)."""
     ok: bool
     results: dict
     messages: dict
@@ -34,42 +44,62 @@ class TestRun:
     detail: str = ""
     test_seconds: float = 0.0
     class_times: dict = dataclasses.field(default_factory=dict)
+    tamper: tuple = ()
 
     def passed(self, test_id: str) -> bool:
         return self.results.get(test_id) == "pass"
 
 
 def runner_command(python_exe: str, assets_dir: str, names, modules=()) -> str:
-    """The shell command running `names` through the runner with `python_exe -S`."""
-    args = [python_exe, "-S", f"{assets_dir}/{RUNNER}"]
+    """The shell command running `names` through the runner with `python_exe -I -S -B`."""
+    args = [python_exe, "-I", "-S", "-B", f"{assets_dir}/{RUNNER}"]
     for m in modules:
         args += ["--module", m]
     return " ".join(shlex.quote(a) for a in args + list(names))
 
 
-def parse_output(text: str, duration_s: float) -> TestRun:
-    """Reads the runner's last marker line; a missing line yields ok=False with the tail as detail."""
-    idx = text.rfind(MARKER)
-    if idx < 0:
-        return TestRun(False, {}, {}, {}, duration_s, detail=text[-2000:])
-    line = text[idx + len(MARKER):].split("\n", 1)[0]
+def parse_output(text: str, duration_s: float, nonce: str = "") -> TestRun:
+    """Reads the runner's result line carrying `nonce`; other marker lines are forgeries (listed in
+    `tamper`); a missing line yields ok=False with the tail as detail."""
+    genuine, forged = None, []
+    for chunk in text.split(MARKER)[1:]:
+        line = chunk.split("\n", 1)[0]
+        tag, sep, body = line.partition(":")
+        if sep and tag == nonce and genuine is None:
+            genuine = body
+        else:
+            forged.append("a result line without the run's nonce was printed")
+    tamper = tuple(dict.fromkeys(forged))
+    if genuine is None:
+        return TestRun(False, {}, {}, {}, duration_s, detail=text[-2000:], tamper=tamper)
     try:
-        data = json.loads(line)
+        data = json.loads(genuine)
     except json.JSONDecodeError:
-        return TestRun(False, {}, {}, {}, duration_s, detail="unparsable runner output")
+        return TestRun(False, {}, {}, {}, duration_s, detail="unparsable runner output",
+                       tamper=tamper)
     if "error" in data:
-        return TestRun(False, {}, {}, {}, duration_s, detail=str(data["error"]))
-    return TestRun(True, data.get("results", {}), data.get("messages", {}), data.get("modules", {}),
-                   duration_s, test_seconds=float(data.get("duration", 0.0)),
-                   class_times=data.get("class_times", {}))
+        return TestRun(False, {}, {}, {}, duration_s, detail=str(data["error"]), tamper=tamper)
+    tamper += tuple(f"integrity: {x}" for x in data.get("integrity", ()))
+    return TestRun(not tamper, data.get("results", {}), data.get("messages", {}),
+                   data.get("modules", {}), duration_s,
+                   detail="tampering: " + "; ".join(tamper[:5]) if tamper else "",
+                   test_seconds=float(data.get("duration", 0.0)),
+                   class_times=data.get("class_times", {}), tamper=tamper)
+
+
+def new_nonce() -> str:
+    """A fresh per-run secret for the result line."""
+    return secrets.token_hex(16)
 
 
 def run_tests(sandbox: Sandbox, python_exe: str, names, *, modules=(),
               timeout_s: float = 60.0) -> TestRun:
     """Runs test `names` (module, class or test ids) inside `sandbox`'s workspace."""
     cmd = runner_command(python_exe, sandbox.assets, names, modules)
-    r = sandbox.run(cmd, timeout_s=timeout_s, max_output_bytes=RESULT_BYTES)
-    run = parse_output(r.output, r.duration_s)
+    nonce = new_nonce()
+    r = sandbox.run(cmd, timeout_s=timeout_s, max_output_bytes=RESULT_BYTES,
+                    stdin_data=(nonce + "\n").encode())
+    run = parse_output(r.output, r.duration_s, nonce)
     if r.timed_out:
         return dataclasses.replace(run, ok=False, detail=f"timed out after {timeout_s:g}s")
     return run
@@ -87,7 +117,7 @@ class TestServer:
         self._proc = None
 
     def _start(self):
-        cmd = f"exec {shlex.quote(self.python_exe)} -S {self.sandbox.assets}/{RUNNER} --serve"
+        cmd = f"exec {shlex.quote(self.python_exe)} -I -S -B {self.sandbox.assets}/{RUNNER} --serve"
         return subprocess.Popen(self.sandbox.argv(cmd), env=self.sandbox.env(),
                                 cwd=str(self.sandbox.host_dir), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -98,7 +128,8 @@ class TestServer:
             self.close()
             self._proc = self._start()
         start = time.monotonic()
-        req = json.dumps({"names": list(names), "modules": list(modules)}) + "\n"
+        nonce = new_nonce()
+        req = json.dumps({"names": list(names), "modules": list(modules), "nonce": nonce}) + "\n"
         try:
             self._proc.stdin.write(req.encode())
             self._proc.stdin.flush()
@@ -112,7 +143,7 @@ class TestServer:
             self.close()
             return TestRun(False, {}, {}, {}, duration,
                            detail=f"timed out after {timeout_s:g}s" if why == "timeout" else why)
-        return parse_output(line.decode("utf-8", errors="replace"), duration)
+        return parse_output(line.decode("utf-8", errors="replace"), duration, nonce)
 
     def close(self) -> None:
         if self._proc is not None:

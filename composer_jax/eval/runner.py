@@ -1,0 +1,107 @@
+"""The evaluation runner: every suite task x prompt style x K samples, episodes run concurrently.
+
+`run_suite(suite, policy, settings)` returns flat episode records (`episode_record`); the report
+module aggregates them. Each episode goes through the environment's own loop and grader
+(`composer_jax.env.episode.run_episode`), so an evaluation is scored exactly as RL rewards are.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import re
+import time
+
+from tqdm import tqdm
+
+from composer_jax.env.config import EnvConfig
+from composer_jax.env.episode import run_episode
+from composer_jax.env.rewards import claims_success
+from composer_jax.env.tasks.task import read_files
+from composer_jax.eval.metrics import episode_price, regressions
+from composer_jax.eval.quality import quality
+from composer_jax.eval.suite import Suite, SuiteTask
+
+_TEST_CMD = re.compile(r"unittest|pytest|\btest_\w+|runtests")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """What one evaluation runs: samples per (task, style), styles, concurrency, limits, prices."""
+    samples: int = 1
+    styles: tuple[str, ...] = ("terse", "detailed")
+    concurrency: int = 2
+    num_tasks: int = 0                    # 0 = every task of the suite
+    price_prompt_per_mtok: float = 0.5
+    price_cached_per_mtok: float = 0.05
+    price_generated_per_mtok: float = 2.5
+    seed: int = 0
+
+
+def ran_tests_before_finish(calls: list[dict]) -> bool:
+    """True if a successful terminal command that runs tests precedes the episode's end."""
+    return any(c["name"] == "run_terminal_cmd" and not c.get("is_error")
+               and _TEST_CMD.search(str((c.get("arguments") or {}).get("command", "")))
+               for c in calls)
+
+
+def episode_record(st: SuiteTask, style: str, sample: int, ep, meter, settings: RunSettings) -> dict:
+    """One flat record (numbers and short strings) of a finished episode."""
+    task = st.task
+    snapshot = read_files(st.task_dir / "snapshot", (*task.edit_files, *task.test_files))
+    q = quality(snapshot, ep.calls, ep.changed_files, task.edit_files, task.test_files,
+                task.lines_changed)
+    p2p = list(task.pass_to_pass)
+    regressed = regressions({t: "pass" for t in p2p}, ep.grade.results, p2p)
+    claim = claims_success(ep.final_message)
+    price = episode_price(meter.prompt_tokens, meter.cached_prompt_tokens, ep.num_tokens,
+                          prompt_per_mtok=settings.price_prompt_per_mtok,
+                          cached_per_mtok=settings.price_cached_per_mtok,
+                          generated_per_mtok=settings.price_generated_per_mtok)
+    return {
+        "task_id": task.task_id, "category": st.category, "kind": task.kind, "style": style,
+        "sample": sample, "lines_changed": st.lines_changed,
+        # correctness
+        "resolved": bool(ep.grade.resolved), "partial": ep.grade.f2p_fraction,
+        "f2p_passed": ep.grade.f2p_passed, "f2p_total": ep.grade.f2p_total,
+        "p2p_passed": ep.grade.p2p_passed, "p2p_total": ep.grade.p2p_total,
+        "regressions": len(regressed), "regressed_tests": regressed[:10],
+        "grader_ok": bool(ep.grade.ok),
+        # quality
+        **q,
+        # cost
+        "generated_tokens": ep.num_tokens, "prompt_tokens": meter.prompt_tokens,
+        "cached_prompt_tokens": meter.cached_prompt_tokens, "tool_calls": ep.num_calls,
+        "turns": ep.num_turns, "wall_s": ep.duration_s, "price": price,
+        # behaviour
+        "invalid_calls": ep.num_invalid_calls, "tests_run_before_finish": ran_tests_before_finish(ep.calls),
+        "claims_success": claim, "false_claim": bool(claim and not ep.grade.resolved),
+        "final_message_chars": len(ep.final_message or ""), "finished": ep.stop_reason == "finish",
+        "stop_reason": ep.stop_reason, "reward": ep.reward.total,
+    }
+
+
+def run_suite(suite: Suite, policy, env_cfg: EnvConfig, settings: RunSettings,
+              progress: bool = True, on_record=None) -> list[dict]:
+    """Runs every (task, style, sample) episode; returns the records in a fixed order."""
+    tasks = list(suite.tasks[:settings.num_tasks] if settings.num_tasks else suite.tasks)
+    jobs = [(st, style, k) for st in tasks for style in settings.styles for k in range(settings.samples)]
+
+    def one(job):
+        st, style, k = job
+        task = dataclasses.replace(st.task, problem_statement=st.prompts[style])
+        agent, meter = policy.agent(task, st.task_dir, settings.seed + k)
+        ep = run_episode(agent, task, st.task_dir, env_cfg, count_tokens=policy.count_tokens)
+        return episode_record(st, style, k, ep, meter, settings)
+
+    records = [None] * len(jobs)
+    start = time.monotonic()
+    with cf.ThreadPoolExecutor(max(1, settings.concurrency)) as ex:
+        futs = {ex.submit(one, j): i for i, j in enumerate(jobs)}
+        for fut in tqdm(cf.as_completed(futs), total=len(futs), desc=f"eval {policy.name}",
+                        disable=not progress):
+            i = futs[fut]
+            records[i] = fut.result()
+            if on_record is not None:
+                on_record(records[i])
+    del start
+    return records

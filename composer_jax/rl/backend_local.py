@@ -1,0 +1,197 @@
+"""The embedded backend (`rl.backend=local`): rollout workers as threads or processes on this
+machine, the inference service and the trainer in the driver process. No server to start.
+
+- `rl.worker_mode=thread`: each worker is a thread that calls the in-process policy server
+  directly (episodes spend their time in sandbox subprocesses and the engine, which release the GIL).
+- `rl.worker_mode=process`: each worker is a spawned Python process that never imports JAX; it runs
+  the environment side of the episode and reaches the policy through a pipe, served by one thread of
+  the driver per worker. A worker that dies (SIGKILL, OOM) is detected by the broken pipe: its
+  running episode goes back to the driver to run again (it had not finished, so nothing is lost)
+  and a fresh process replaces it.
+
+Both implement the pool interface the driver uses: `submit(job)`, `results(timeout)` ->
+[(job, rollout or None if the worker died)], `num_idle()`, `worker_pids()`, `restarts`, `close()`.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import threading
+
+from composer_jax.rl.program import LocalClient, ProgramSpec, build_program
+from composer_jax.rl.rollout import Rollout
+from composer_jax.rl.services import Job, run_job
+
+
+class _PoolBase:
+    def __init__(self, num_workers: int):
+        self.num_workers = num_workers
+        self._jobs: queue.Queue = queue.Queue()
+        self._results: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._busy = 0
+        self._lock = threading.Lock()
+        self.restarts = 0
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            self._busy += 1
+        self._jobs.put(job)
+
+    def _done(self, job: Job, rollout: Rollout | None) -> None:
+        with self._lock:
+            self._busy -= 1
+        self._results.put((job, rollout))
+
+    def num_idle(self) -> int:
+        with self._lock:
+            return max(0, self.num_workers - self._busy)
+
+    def results(self, timeout: float) -> list[tuple[Job, Rollout | None]]:
+        out = []
+        try:
+            out.append(self._results.get(timeout=timeout))
+            while True:
+                out.append(self._results.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def _next_job(self) -> Job | None:
+        while not self._stop.is_set():
+            try:
+                return self._jobs.get(timeout=0.1)
+            except queue.Empty:
+                continue
+        return None
+
+
+class ThreadPool(_PoolBase):
+    """Rollout workers as threads sharing the in-process inference service."""
+
+    def __init__(self, spec: ProgramSpec, inference, num_workers: int):
+        super().__init__(num_workers)
+        self.program = build_program(spec)
+        self.client = LocalClient(inference)
+        self._threads = [threading.Thread(target=self._work, args=(i,), daemon=True,
+                                          name=f"rollout-{i}") for i in range(num_workers)]
+        for t in self._threads:
+            t.start()
+
+    def _work(self, i: int) -> None:
+        while (job := self._next_job()) is not None:
+            self._done(job, run_job(self.program, job, self.client, f"thread-{i}"))
+
+    def worker_pids(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+
+class _PipeClient:
+    """PolicyClient inside a worker process: every call is a round trip over the pipe."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def call(self, method: str, *args, **kwargs):
+        self.conn.send(("call", method, args, kwargs))
+        kind, value = self.conn.recv()
+        if kind == "err":
+            raise RuntimeError(f"policy call {method} failed in the inference service: {value}")
+        return value
+
+
+def _process_main(conn, factory: str, kwargs: dict, name: str) -> None:
+    """A rollout worker process: builds the program's env side and runs the jobs it is sent."""
+    program = build_program(ProgramSpec(factory, kwargs))
+    client = _PipeClient(conn)
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        job = msg[1]
+        conn.send(("done", run_job(program, job, client, name).to_bytes()))
+
+
+class ProcessPool(_PoolBase):
+    """Rollout workers as spawned processes (JAX-free), replaced when they die."""
+
+    def __init__(self, spec: ProgramSpec, inference, num_workers: int):
+        super().__init__(num_workers)
+        self.spec, self.inference = spec, inference
+        self._ctx = mp.get_context("spawn")
+        self._procs: dict[int, mp.Process] = {}
+        self._spawned = 0
+        self._threads = [threading.Thread(target=self._slot, args=(i,), daemon=True,
+                                          name=f"rollout-slot-{i}") for i in range(num_workers)]
+        for t in self._threads:
+            t.start()
+
+    def _spawn(self, i: int):
+        parent, child = self._ctx.Pipe()
+        self._spawned += 1
+        p = self._ctx.Process(target=_process_main, daemon=True, name=f"rollout-{i}",
+                              args=(child, self.spec.factory, self.spec.kwargs,
+                                    f"process-{i}.{self._spawned}"))
+        p.start()
+        child.close()
+        with self._lock:
+            self._procs[i] = p
+        return p, parent
+
+    def _slot(self, i: int) -> None:
+        proc, conn = self._spawn(i)
+        while not self._stop.is_set():
+            job = self._next_job()
+            if job is None:
+                break
+            if self._serve(conn, job):
+                continue
+            # the worker died: its episode runs again elsewhere; start a replacement
+            self._done(job, None)
+            with self._lock:
+                self.restarts += 1
+            proc.join(timeout=1)
+            conn.close()
+            proc, conn = self._spawn(i)
+        try:
+            conn.send(("stop",))
+        except OSError:
+            pass
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+
+    def _serve(self, conn, job: Job) -> bool:
+        """Runs one job on the slot's process; False if the process died on the way."""
+        try:
+            conn.send(("job", job))
+            while True:
+                msg = conn.recv()
+                if msg[0] == "done":
+                    self._done(job, Rollout.from_bytes(msg[1]))
+                    return True
+                _, method, args, kwargs = msg
+                try:
+                    value = ("ret", self.inference.rpc(method, args, kwargs))
+                except Exception as e:  # noqa: BLE001  (the episode decides; it becomes an error)
+                    value = ("err", f"{type(e).__name__}: {e}")
+                conn.send(value)
+        except (EOFError, OSError):
+            return False
+
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            return [p.pid for p in self._procs.values() if p.is_alive()]
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)

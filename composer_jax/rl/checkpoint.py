@@ -1,0 +1,61 @@
+"""Orbax checkpoints of an RL run: the learner's state plus which groups it has consumed.
+
+Each checkpoint step (= trainer version) holds two items written together (Orbax writes a step
+into a temporary directory and renames it when complete): `state` (the learner's pytree) and `rl`
+(JSON: `version`, `consumed_groups`, `started_groups`). Restoring gives back exactly the set of
+groups whose rollouts are inside the restored weights, so a restart re-admits every other finished
+rollout and trains none twice. Saves are synchronous: the consumed set must be durable before the
+trainer moves on.
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+from composer_jax.errors import CheckpointError
+
+
+class RLCheckpointer:
+    def __init__(self, directory, keep: int = 2):
+        import orbax.checkpoint as ocp
+        self._ocp = ocp
+        self.directory = pathlib.Path(directory).absolute()
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
+                                                 cleanup_tmp_directories=True),
+            item_names=("state", "rl"))
+
+    def save(self, version: int, state, consumed_groups, started_groups: int = 0) -> None:
+        ocp = self._ocp
+        meta = {"version": int(version), "consumed_groups": sorted(consumed_groups),
+                "started_groups": int(started_groups)}
+        self.manager.save(version, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), rl=ocp.args.JsonSave(meta)), force=True)
+        self.manager.wait_until_finished()
+
+    def restore_latest(self, template):
+        """(state, meta) of the newest readable checkpoint, or None if there is none. A corrupted
+        newest checkpoint falls back to the previous one, with a warning."""
+        import jax
+        ocp = self._ocp
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        errors = []
+        for step in steps:
+            try:
+                out = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), rl=ocp.args.JsonRestore()))
+                return out["state"], out["rl"]
+            except Exception as e:  # noqa: BLE001  (any unreadable step: try the previous one)
+                errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
+                print(f"warning: RL checkpoint {step} in {self.directory} is unreadable; trying "
+                      f"the previous one", file=sys.stderr)
+        if steps:
+            raise CheckpointError(f"no readable RL checkpoint in {self.directory}: "
+                                  + "; ".join(errors))
+        return None
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

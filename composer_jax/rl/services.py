@@ -1,0 +1,315 @@
+"""The RL services: trainer, inference, rollout workers and evaluator. They talk only through the
+rollout stream (`rl/stream.py`) and the weight store (`publish(version, params)`, `fetch(version)`,
+`latest()`); the backends (`backend_local.py`, `backend_ray.py`) decide where each one runs.
+
+- `InferenceService`: owns the program's policy server; a poller applies every newer version of
+  the weight store in flight (`PolicyServer.load`, between decode steps), never ending episodes.
+- `run_job` (a rollout worker's body): one episode of one task sample through the policy client;
+  any exception becomes an error rollout (reward 0, the reason in `error`), never a crashed run.
+- `TrainerService`: takes B complete groups as soon as they are buffered, runs the learner's
+  pure update step, publishes the new version, records the consumed groups, checkpoints, logs.
+- `EvaluatorService`: collects held-out episodes of one policy version and logs
+  `eval_resolved_rate` when they are all in.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import traceback
+from typing import Callable
+
+import numpy as np
+
+from composer_jax.rl.program import PolicyClient, PolicyServer, RLProgram
+from composer_jax.rl.rollout import Rollout
+from composer_jax.rl.stream import RolloutLog, RolloutStream, rollout_id
+
+TRAIN, EVAL = "train", "eval"
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One episode to run: sample `sample` of group `group_id` on task `task_id`."""
+    group_id: str
+    sample: int
+    task_id: str
+    seed: int
+    kind: str = TRAIN          # TRAIN or EVAL (held-out, greedy, never enters the stream)
+    eval_version: int = -1     # EVAL: the policy version that scheduled it
+
+    @property
+    def rollout_id(self) -> str:
+        return rollout_id(self.group_id, self.sample)
+
+
+def run_job(program: RLProgram, job: Job, policy: PolicyClient, worker: str = "") -> Rollout:
+    """Runs one episode; a crash of the episode (sandbox, tool, agent) becomes an error rollout."""
+    t0 = time.time()
+    try:
+        r = program.run_episode(job.task_id, job.seed, policy, greedy=job.kind == EVAL)
+        r.group_id, r.rollout_id = job.group_id, job.rollout_id
+    except Exception as e:  # noqa: BLE001  (every episode failure is data, not a crash)
+        reason = f"{type(e).__name__}: {e}"
+        r = Rollout.failed(job.task_id, job.group_id, reason, rollout_id=job.rollout_id,
+                           info={"traceback": traceback.format_exc(limit=8)[-4000:]})
+    r.timing.setdefault("start_time", t0)
+    r.timing["episode_s"] = time.time() - t0
+    r.info["worker"] = worker
+    r.info["kind"] = job.kind
+    return r
+
+
+def staleness(rollout: Rollout, trainer_version: int) -> int | None:
+    """Trainer version minus the oldest policy version that sampled a token of the rollout."""
+    used = rollout.versions_used()
+    return None if used is None else trainer_version - used[0]
+
+
+def resolved_of(rollout: Rollout) -> float:
+    """1.0 when the episode was graded resolved (reward component or info flag), else 0.0."""
+    if "resolved" in rollout.reward:
+        return float(rollout.reward["resolved"] > 0)
+    return float(bool(rollout.info.get("resolved", False)))
+
+
+def sync_stats(info, params) -> dict:
+    """weight_sync_bytes / weight_sync_ratio from what a store's publish returned (an object or
+    dict with bytes_sent and full_bytes); the full size is measured from `params` if absent."""
+    get = (lambda k: info.get(k)) if isinstance(info, dict) else (lambda k: getattr(info, k, None))
+    sent = get("bytes_sent") or get("bytes") or get("nbytes")
+    full = get("full_bytes") or get("bytes_full")
+    if full is None:
+        full = tree_nbytes(params)
+    if sent is None:
+        return {}
+    return {"weight_sync_bytes": float(sent),
+            "weight_sync_ratio": float(full) / max(float(sent), 1.0)}
+
+
+def tree_nbytes(tree) -> int:
+    """Bytes of every array leaf of a nested dict/list/tuple (or a JAX pytree)."""
+    if isinstance(tree, dict):
+        return sum(tree_nbytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(tree_nbytes(v) for v in tree)
+    if hasattr(tree, "nbytes"):
+        return int(tree.nbytes)
+    import jax.tree_util as jtu  # other pytrees (trainer side, JAX already loaded)
+    leaves = jtu.tree_leaves(tree)
+    return sum(int(getattr(x, "nbytes", 0)) for x in leaves if x is not tree)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference
+# ---------------------------------------------------------------------------------------------
+
+
+class InferenceService:
+    """The policy server plus a thread that applies new weight-store versions in flight."""
+
+    def __init__(self, program: RLProgram, store, poll_s: float = 0.05):
+        self.server: PolicyServer = program.make_policy()
+        self.store = store
+        self.poll_s = poll_s
+        self.swaps = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def wait_for_weights(self, timeout: float = 600.0) -> int:
+        """Blocks until the store has a version and loads it; returns it."""
+        deadline = time.monotonic() + timeout
+        while self.store.latest() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no weights were published to the weight store")
+            time.sleep(self.poll_s)
+        self.refresh()
+        return self.server.version
+
+    def refresh(self) -> bool:
+        """Loads the store's latest version if it is newer than the server's."""
+        v = self.store.latest()
+        if v is None or v <= getattr(self.server, "version", -1):
+            return False
+        self.server.load(self.store.fetch(v), v)
+        self.swaps += 1
+        return True
+
+    def start(self) -> None:
+        def loop():
+            while not self._stop.wait(self.poll_s):
+                self.refresh()
+        self._thread = threading.Thread(target=loop, name="weight-poller", daemon=True)
+        self._thread.start()
+
+    def rpc(self, method: str, args: tuple, kwargs: dict):
+        return self.server.rpc(method, args, kwargs)
+
+    def stats(self) -> dict:
+        return {**self.server.stats(), "weight_swaps": self.swaps}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        close = getattr(self.server, "close", None)
+        if close is not None:
+            close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TrainerProgress:
+    """What the trainer thread shares with the driver (read under the GIL, written by one)."""
+    version: int = 0
+    consumed_groups: set = dataclasses.field(default_factory=set)
+    rollouts_trained: int = 0
+    tokens_trained: int = 0
+    last_reward: float = float("nan")
+    wait_s: float = 0.0
+    busy_s: float = 0.0
+    error: BaseException | None = None
+    done: bool = False
+
+
+class TrainerService:
+    """The training loop of an RL run (module docstring). `checkpoint(version, state, consumed)`
+    saves synchronously; `log(version, metrics)` writes a metrics row."""
+
+    def __init__(self, learner, stream: RolloutStream, store, log: RolloutLog, *, batch_groups: int,
+                 total_steps: int, checkpoint_every: int, state, version: int,
+                 consumed_groups: set, checkpoint: Callable, log_metrics: Callable,
+                 rollouts_per_sec: Callable[[], float]):
+        self.learner, self.stream, self.store, self.log = learner, stream, store, log
+        self.batch_groups, self.total_steps = batch_groups, total_steps
+        self.checkpoint_every = checkpoint_every
+        self.state = state
+        self.progress = TrainerProgress(version=version, consumed_groups=set(consumed_groups))
+        self._checkpoint, self._log_metrics = checkpoint, log_metrics
+        self._rollouts_per_sec = rollouts_per_sec
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.staleness_hist: list[int] = []
+
+    def publish_current(self) -> dict:
+        """Publishes the current state as its version (start of a run or after a restore)."""
+        w = self.learner.weights(self.state)
+        return sync_stats(self.store.publish(self.progress.version, w), w)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="trainer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.stream.close()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while self.progress.version < self.total_steps and not self._stop.is_set():
+                self._one_step()
+        except BaseException as e:  # noqa: BLE001  (the driver re-raises it)
+            self.progress.error = e
+        finally:
+            self.progress.done = True
+
+    def _one_step(self) -> None:
+        p = self.progress
+        t0 = time.monotonic()
+        groups = None
+        while groups is None:
+            if self._stop.is_set():
+                return
+            groups = self.stream.get_groups(self.batch_groups, timeout=0.5)
+        t1 = time.monotonic()
+        rollouts = [r for g in groups for r in g.ordered()]
+        stale = [s for s in (staleness(r, p.version) for r in rollouts) if s is not None]
+        state, metrics = self.learner.step(self.state, [g.ordered() for g in groups])
+        new_version = p.version + 1
+        w = self.learner.weights(state)
+        sync = sync_stats(self.store.publish(new_version, w), w)
+        t2 = time.monotonic()
+        ids = [r.rollout_id for r in rollouts]
+        gids = [g.group_id for g in groups]
+        self.log.append_consumed(new_version, gids, ids)
+        self.state = state
+        p.consumed_groups.update(gids)
+        p.version = new_version
+        p.rollouts_trained += len(rollouts)
+        tokens = sum(r.num_trainable for r in rollouts)
+        p.tokens_trained += tokens
+        p.wait_s += t1 - t0
+        p.busy_s += t2 - t1
+        if new_version % self.checkpoint_every == 0 or new_version == self.total_steps:
+            self._checkpoint(new_version, state, p.consumed_groups)
+        rewards = np.array([r.total_reward for r in rollouts], np.float64)
+        p.last_reward = float(rewards.mean())
+        self.staleness_hist.extend(stale)
+        row = {
+            **{k: v for k, v in metrics.items() if np.ndim(v) == 0},
+            "reward_mean": float(rewards.mean()),
+            "resolved_rate": float(np.mean([resolved_of(r) for r in rollouts])),
+            "error_rate": float(np.mean([r.error is not None for r in rollouts])),
+            "staleness_mean": float(np.mean(stale)) if stale else 0.0,
+            "staleness_max": float(max(stale)) if stale else 0.0,
+            "trainer_idle_frac": (t1 - t0) / max(t2 - t0, 1e-9),
+            "trainer_idle_frac_total": p.wait_s / max(p.wait_s + p.busy_s, 1e-9),
+            "step_time_s": t2 - t0,
+            "trained_tokens": float(tokens),
+            "trained_tokens_per_sec": tokens / max(t2 - t0, 1e-9),
+            "rollouts_per_sec": self._rollouts_per_sec(),
+            **sync,
+        }
+        self._log_metrics(new_version, row)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluator
+# ---------------------------------------------------------------------------------------------
+
+
+class EvaluatorService:
+    """Held-out evaluation of policy versions: the driver schedules one greedy episode per
+    held-out task whenever the trainer passes a multiple of `eval_every`; `record` collects them
+    and logs `eval_resolved_rate` / `eval_reward_mean` once a version's episodes are all in."""
+
+    def __init__(self, tasks: list[str], eval_every: int, log_metrics: Callable):
+        self.tasks, self.eval_every = list(tasks), eval_every
+        self._log_metrics = log_metrics
+        self._pending: dict[int, dict[str, Rollout]] = {}
+        self.scheduled: set[int] = set()
+        self.results: dict[int, dict] = {}
+
+    def due(self, version: int) -> bool:
+        return (bool(self.tasks) and self.eval_every > 0 and version % self.eval_every == 0
+                and version not in self.scheduled)
+
+    def jobs(self, version: int, seed: int) -> list[Job]:
+        self.scheduled.add(version)
+        self._pending[version] = {}
+        return [Job(f"eval{version:06d}-{i:04d}", 0, t, seed + i, EVAL, version)
+                for i, t in enumerate(self.tasks)]
+
+    def record(self, job: Job, rollout: Rollout) -> None:
+        got = self._pending.setdefault(job.eval_version, {})
+        got[job.group_id] = rollout
+        if len(got) == len(self.tasks):
+            rs = list(got.values())
+            row = {"eval_resolved_rate": float(np.mean([resolved_of(r) for r in rs])),
+                   "eval_reward_mean": float(np.mean([r.total_reward for r in rs])),
+                   "eval_error_rate": float(np.mean([r.error is not None for r in rs])),
+                   "eval_num_tasks": float(len(rs))}
+            self.results[job.eval_version] = row
+            del self._pending[job.eval_version]
+            self._log_metrics(job.eval_version, row)
+
+    def busy(self) -> bool:
+        return bool(self._pending)

@@ -1,0 +1,142 @@
+"""rl_step on rollouts sampled by the real engine: the loss and k1 KL against independent
+computations, router replay reproducing the sampled forward, the batch layout of rollouts."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from composer_jax.config import Config, RLConfig, TrainConfig
+from composer_jax.inference.config import EngineConfig
+from composer_jax.inference.engine import Engine
+from composer_jax.model import init_model
+from composer_jax.rl import objectives as obj
+from composer_jax.rl import toy_tasks as tt
+from composer_jax.rl.batch import make_batch
+from composer_jax.rl.rollout import Rollout, Segment
+from composer_jax.rl.step import build_rl_step
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    """A tiny MoE policy, and 2 tasks x 2 episodes sampled from it with router capture."""
+    tok = tt.toy_tokenizer()
+    mcfg = tt.toy_model_config(tok.vocab_size)
+    model = init_model(mcfg, 0)
+    engine = Engine.from_model(model, EngineConfig(max_batch=4, max_len=64, capture_router=True,
+                                                   prefill_batch=4))
+    rollouts = tt.run_group(engine, tok, tt.make_tasks(2, 0), 2, max_new_tokens=6)
+    return tok, mcfg, rollouts
+
+
+def _np_log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _logp(model, batch, replay=True):
+    out = model(jnp.asarray(batch["tokens"]), positions=jnp.asarray(batch["positions"]),
+                segment_ids=jnp.asarray(batch["segment_ids"]),
+                router_replay=jnp.asarray(batch["router_replay"]) if replay else None,
+                with_mtp=False)
+    ls = _np_log_softmax(np.asarray(out.logits, np.float64))
+    return np.take_along_axis(ls, batch["targets"][..., None], -1)[..., 0]
+
+
+def test_batch_layout_of_rollouts(sampled):
+    tok, mcfg, rollouts = sampled
+    batch = make_batch(rollouts, seq_len=64, batch_size=6)
+    for i, r in enumerate(rollouts):
+        s = r.segments[0]
+        t = len(s)
+        np.testing.assert_array_equal(batch["tokens"][i, :t], s.tokens)
+        np.testing.assert_array_equal(batch["targets"][i, :t - 1], s.tokens[1:])
+        np.testing.assert_array_equal(batch["loss_mask"][i, :t - 1], s.trainable[1:])
+        np.testing.assert_array_equal(batch["behaviour_logp"][i, :t - 1], s.logprobs[1:])
+        np.testing.assert_array_equal(batch["router_replay"][:, i, :t - 1],
+                                      np.moveaxis(s.router_indices[:t - 1], 1, 0))
+        assert batch["rewards"][i] == np.float32(r.total_reward)
+    assert batch["group_ids"].tolist()[:4] == [0, 0, 1, 1]
+    assert batch["sample_weight"].tolist() == [1, 1, 1, 1, 0, 0]
+    assert batch["loss_mask"][4:].sum() == 0 and batch["segment_ids"][4:].sum() == 0
+    # the trainable targets are exactly the sampled tokens (and the sampler's logprobs are real)
+    assert batch["loss_mask"][:4].sum() == sum(len(r.segments[0].sampled_text_ids().__next__())
+                                               for r in rollouts)
+    with pytest.raises(ValueError, match="exceeds seq_len"):
+        make_batch(rollouts, seq_len=8)
+
+
+def test_self_summarization_segments_share_the_reward(sampled):
+    """An episode of 2 segments gives 2 rows with its reward and weight 1/2 each, so it counts
+    once in its group's mean (advantages) and in reward_mean."""
+    tok, mcfg, rollouts = sampled
+    a, b = rollouts[0], rollouts[1]
+    s = a.segments[0]
+    split = Rollout(a.task_id, a.group_id, [s, dataclasses.replace(s)], {"total": 1.0},
+                    rollout_id="two-segments")
+    other = Rollout(b.task_id, a.group_id, b.segments, {"total": 0.0})
+    batch = make_batch([split, other], seq_len=64)
+    assert batch["rewards"].tolist() == [1.0, 1.0, 0.0]
+    assert batch["sample_weight"].tolist() == [0.5, 0.5, 1.0]
+    assert batch["episode_ids"].tolist() == [0, 0, 1]
+    adv = obj.dr_grpo_advantages(batch["rewards"], batch["group_ids"], batch["sample_weight"])
+    np.testing.assert_allclose(adv, [0.5, 0.5, -0.5], atol=1e-6)
+
+
+def test_replayed_routes_give_the_sampled_forward_logits(sampled):
+    """The trainer's forward with the experts recorded at sampling reproduces the engine's
+    temperature-1 log-probs even when the router's selection biases have moved since sampling
+    (as they do between RL steps); routing afresh does not."""
+    tok, mcfg, rollouts = sampled
+    batch = make_batch(rollouts, seq_len=64)
+    model = init_model(mcfg, 0)
+    bias = model.moe_layers.ffn.bias
+    bias[...] = jnp.asarray(np.random.default_rng(0).normal(scale=3.0, size=bias[...].shape),
+                            bias[...].dtype)
+    sampled_raw = np.zeros_like(batch["behaviour_logp"])
+    for i, r in enumerate(rollouts):
+        s = r.segments[0]
+        sampled_raw[i, :len(s) - 1] = s.model_logprobs[1:]
+    m = batch["loss_mask"] > 0
+    replayed = _logp(model, batch, replay=True)
+    np.testing.assert_allclose(replayed[m], sampled_raw[m], atol=2e-4)
+    fresh = _logp(model, batch, replay=False)
+    assert np.abs(fresh[m] - sampled_raw[m]).max() > 1e-2
+
+
+def test_rl_step_loss_and_kl_match_independent_computation(sampled):
+    """Two rl_steps with beta > 0 and 2 microbatches: step 1's loss equals -(1/n) sum mask*w*A*logp
+    recomputed from a plain forward (k1 = 0: the reference is the initial policy); step 2's kl_k1
+    equals the sum of (logp_after_step_1 - logp_initial) over sampled tokens."""
+    tok, mcfg, rollouts = sampled
+    beta, n = 0.5, 16.0
+    cfg = Config(model=mcfg, rl=RLConfig(kl_coef=beta, loss_normalizer=n, is_truncation=1.5),
+                 train=TrainConfig(lr=3e-2, warmup_steps=0, microbatches=2, schedule="constant",
+                                   weight_decay=0.0))
+    model = init_model(mcfg, 0)
+    fns, state = build_rl_step(model, cfg)
+    assert fns.ref_params is not None
+    batch = make_batch(rollouts, seq_len=64)
+    batch["rewards"] = np.array([1.0, 0.25, 0.5, 0.0], np.float32)   # spread the advantages
+    mask = batch["loss_mask"]
+    logp0 = _logp(fns.merge(state.params, state.buffers), batch)
+    adv = batch["rewards"] - np.repeat(batch["rewards"].reshape(2, 2).mean(1), 2)
+    w = np.minimum(np.exp(logp0 - batch["behaviour_logp"]), 1.5)
+    expect = -(mask * w * adv[:, None] * logp0).sum() / n
+    state, m1 = fns.rl_step(state, batch)
+    assert float(m1["loss"]) == pytest.approx(expect, rel=1e-4)
+    assert float(m1["kl_k1"]) == pytest.approx(0.0, abs=1e-5)
+    assert float(m1["update_skipped"]) == 0.0 and float(m1["grad_norm"]) > 0
+    assert float(m1["reward_mean"]) == pytest.approx(0.4375)
+    assert float(m1["mismatch_abs"]) < 1e-4          # trainer == sampler at step 0 (replay)
+    assert float(m1["entropy"]) > 0
+    logp1 = _logp(fns.merge(jax.tree.map(jnp.copy, state.params), state.buffers), batch)
+    kl_rows = np.asarray(obj.kl_k1(logp1, logp0, mask))
+    assert np.abs(kl_rows).max() > 1e-3                  # the policy moved
+    state, m2 = fns.rl_step(state, batch)
+    assert float(m2["kl_k1"]) == pytest.approx(kl_rows.mean(), rel=2e-3, abs=1e-5)
+    # the k1 went into the reward: the step-2 advantages are those of R - beta * k1
+    adv2 = (batch["rewards"] - beta * kl_rows)
+    adv2 = adv2 - np.repeat(adv2.reshape(2, 2).mean(1), 2)
+    assert float(m2["advantage_abs_mean"]) == pytest.approx(np.abs(adv2).mean(), rel=1e-3)
