@@ -10,6 +10,10 @@
    reference fix, both cold (fresh sandbox and interpreter per run) and warm (the sandboxed fork
    server generation uses). Target: >= 20 runs/s on 2 cores. Tasks come from `--pool` (an env_generate pool);
    without one, a small pool is generated first into a temporary directory.
+3. Grading: `grade_workspace` on a workspace holding the reference fix, exactly as an episode ends
+   (with the hardened grader: kill the episode's processes, diff against the snapshot, fresh
+   snapshot copy with only the source changes, reference copies hidden, isolated runner), in
+   `--workers` threads for `--seconds`. Opening the workspace is not timed.
 Results go to stdout and to `--out` (default benchmarks/results/sandbox_bench.txt).
 """
 from __future__ import annotations
@@ -98,6 +102,37 @@ def bench_runs(pool: TaskPool, seconds: float, workers: int, backend, cfg,
     return sum(r for r, _ in results), time.monotonic() - start, sum(f for _, f in results)
 
 
+def bench_grading(pool: TaskPool, seconds: float, workers: int, cfg) -> tuple[int, float, int]:
+    """(gradings, elapsed seconds, unresolved) of `grade_workspace` on reference-fixed workspaces."""
+    from composer_jax.env.grading import grade_workspace
+    from composer_jax.env.workspace import open_workspace
+    cfg = dataclasses.replace(cfg, use_embeddings=False)
+    tasks = pool.tasks()
+    deadline = time.monotonic() + seconds
+    busy = [0.0] * workers
+
+    def worker(k: int) -> tuple[int, int]:
+        runs = fails = 0
+        i = k
+        while time.monotonic() < deadline:
+            task = tasks[i % len(tasks)]
+            i += workers
+            d = pool.task_dir(task.task_id)
+            with open_workspace(d / "snapshot", cfg, python_version=task.python_version) as ws:
+                for r in task.edit_files:
+                    (ws.root / r).write_text((d / "solution" / r).read_text())
+                t = time.monotonic()
+                grade = grade_workspace(ws, task, d / "snapshot")
+                busy[k] += time.monotonic() - t
+            runs += 1
+            fails += not grade.resolved
+        return runs, fails
+
+    with cf.ThreadPoolExecutor(workers) as ex:
+        results = list(ex.map(worker, range(workers)))
+    return sum(r for r, _ in results), sum(busy) / workers, sum(f for _, f in results)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", default="")
@@ -122,6 +157,8 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()[0]
     runs, elapsed, fails = bench_runs(pool, args.seconds, args.workers, backend, cfg, warm=False)
     wruns, welapsed, wfails = bench_runs(pool, args.seconds, args.workers, backend, cfg, warm=True)
+    gruns, gbusy, gfails = bench_grading(pool, args.seconds, args.workers, cfg)
+    grate = gruns / gbusy if gbusy else 0.0
     med = statistics.median(startup)
     p90 = sorted(startup)[int(0.9 * len(startup))]
     rate = runs / elapsed
@@ -147,6 +184,9 @@ def main(argv=None) -> int:
         f"{welapsed:.1f} s = {wrate:.1f} runs/s ({wfails} runs with a failing test)",
         f"  target >= {RUNS_TARGET:.0f} runs/s: {'PASS' if wrate >= RUNS_TARGET else 'FAIL'} "
         f"(measured / target = {wrate / RUNS_TARGET:.2f}x)",
+        f"grading (grade_workspace on the reference fix, as an episode ends; workspace opening not "
+        f"timed): {gruns} gradings, {grate:.1f} gradings/s per worker thread x {args.workers} "
+        f"({gfails} unresolved)",
         f"1-minute load average before the run: {load_before:.2f} on {os.cpu_count()} CPUs "
         f"(other jobs share this machine; numbers degrade with load)",
     ]
@@ -154,7 +194,8 @@ def main(argv=None) -> int:
     print(text, end="")
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(text)
-    ok = med <= STARTUP_TARGET_MS and max(rate, wrate) >= RUNS_TARGET and fails + wfails == 0
+    ok = (med <= STARTUP_TARGET_MS and max(rate, wrate) >= RUNS_TARGET
+          and fails + wfails + gfails == 0)
     return 0 if ok else 1
 
 

@@ -421,6 +421,21 @@ class PolicyLoss(str, enum.Enum):
     PPO_CLIP = "ppo_clip"
 
 
+class RLBackend(str, enum.Enum):
+    LOCAL = "local"      # one machine: rollout workers as threads or processes, no server
+    RAY = "ray"          # the same services as Ray actors (a local cluster or rl.ray_address)
+
+
+class WorkerMode(str, enum.Enum):
+    THREAD = "thread"
+    PROCESS = "process"  # JAX-free processes; a dead one is replaced
+
+
+class RLTasks(str, enum.Enum):
+    PARITY = "parity"    # the known-optimum task family of composer_jax.rl.toy_tasks
+    CODING = "coding"    # sandboxed coding tasks of the env task pool (token-level agent)
+
+
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
     """Asynchronous policy-gradient RL (DESIGN.md "Asynchronous RL"). The concave length/effort
@@ -442,6 +457,21 @@ class RLConfig:
     # --- the update step (issue 15: composer_jax.rl.step) ---
     router_replay: bool = True          # the trainer's forward reuses the experts chosen at sampling
     summary_trigger_tokens: int = 0     # self-summarization when the context passes this (0 = off)
+    # --- the rl_async / rl_sync job (issue 17: composer_jax.rl.driver, experiments/rl.py) ---
+    backend: RLBackend = RLBackend.LOCAL     # local: threads/processes here | ray: Ray actors
+    ray_address: str = ""               # backend=ray: "" starts a local Ray cluster in the run
+    worker_mode: WorkerMode = WorkerMode.THREAD   # local backend: rollout workers as threads|processes
+    num_rollout_workers: int = 8        # concurrent episodes
+    batch_groups: int = 4               # B: groups (of group_size samples) per trainer step
+    steps: int = 40                     # trainer versions to reach
+    checkpoint_every: int = 5           # trainer state + consumed rollout ids, every N versions
+    eval_every: int = 10                # held-out evaluation every N versions (0 = off)
+    tasks: RLTasks = RLTasks.PARITY     # parity: known-optimum family | coding: the env task pool
+    num_train_tasks: int = 64
+    num_eval_tasks: int = 16
+    max_new_tokens: int = 8             # per assistant turn
+    temperature: float = 1.0            # sampling temperature of training episodes (eval: greedy)
+    seq_len: int = 64                   # trainer row length (tokens)
 
     def __post_init__(self):
         _coerce_enums(self, "rl")
@@ -460,6 +490,11 @@ class RLConfig:
         _check(self.kl_coef >= 0, f"rl.kl_coef must be >= 0 (0 = no reference policy), got {self.kl_coef}")
         _check(self.summary_trigger_tokens >= 0,
                f"rl.summary_trigger_tokens must be >= 0 (0 = off), got {self.summary_trigger_tokens}")
+        for f in ("num_rollout_workers", "batch_groups", "steps", "checkpoint_every",
+                  "num_train_tasks", "num_eval_tasks", "max_new_tokens", "seq_len"):
+            _check(getattr(self, f) >= 1, f"rl.{f} must be >= 1, got {getattr(self, f)}")
+        _check(self.eval_every >= 0, f"rl.eval_every must be >= 0 (0 = off), got {self.eval_every}")
+        _check(self.temperature >= 0, f"rl.temperature must be >= 0, got {self.temperature}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,7 +507,7 @@ class EvalConfig:
     cache (`<cache>/eval_suite/<suite_name>`, `<cache>/eval_pool`). price_*: dollars per million
     prompt / cached-prompt / generated tokens. compare: eval.json files for `eval_compare`."""
     num_tasks: int = 50
-    max_turns: int = 50
+    max_turns: int = 80
     max_new_tokens: int = 512
     temperature: float = 0.0
     policy: str = "oracle"

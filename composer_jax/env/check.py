@@ -3,8 +3,10 @@
 A sound pool has oracle resolved rate ~1 (the reference fix, applied through the tools, passes the
 tests in the sandbox) and null resolved rate 0 (doing nothing never passes). Writes
 WORKDIR/env_check.json with num_tasks, kinds, versions, sources, oracle_resolved_rate,
-null_resolved_rate, the mean reward components of each agent and the ids of tasks the oracle
-failed; per-task lines go to metrics.jsonl and transcripts of failures to WORKDIR/transcripts/.
+null_resolved_rate, per-kind statistics (`per_kind`: count, median/min/max lines_changed, oracle and
+null resolved rates), `median_lines_changed` (kind -> median), how many episodes the grader flagged
+as tampering (`oracle_tampered`, `null_tampered`: both must be 0), the mean reward components of
+each agent and the ids of tasks the oracle failed; per-task lines go to metrics.jsonl and transcripts of failures to WORKDIR/transcripts/.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import collections
 import concurrent.futures as cf
 import json
 import pathlib
+import statistics
 import time
 
 from tqdm.auto import tqdm
@@ -46,6 +49,7 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
 
     oracle_rewards, null_rewards, failed = [], [], []
     resolved = collections.Counter()
+    by_kind = collections.defaultdict(collections.Counter)
     with cf.ThreadPoolExecutor(cfg.workers) as ex:
         futs = [ex.submit(one, t) for t in tasks]
         for step, fut in enumerate(tqdm(cf.as_completed(futs), total=len(futs), desc="env_check",
@@ -53,6 +57,10 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
             task, oracle, null = fut.result()
             resolved["oracle"] += oracle.grade.resolved
             resolved["null"] += null.grade.resolved
+            resolved["oracle_tampered"] += oracle.grade.tampered
+            resolved["null_tampered"] += null.grade.tampered
+            by_kind[task.kind]["oracle"] += oracle.grade.resolved
+            by_kind[task.kind]["null"] += null.grade.resolved
             oracle_rewards.append(oracle.reward.as_dict())
             null_rewards.append(null.reward.as_dict())
             if not oracle.grade.resolved:
@@ -64,8 +72,17 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
                                  "oracle_reward": oracle.reward.total,
                                  "null_reward": null.reward.total,
                                  "oracle_calls": oracle.num_calls,
+                                 "lines_changed": task.lines_changed,
+                                 "oracle_tampered": int(oracle.grade.tampered),
                                  "oracle_seconds": oracle.duration_s})
     n = len(tasks)
+    per_kind = {}
+    for kind in sorted({t.kind for t in tasks}):
+        lines = [t.lines_changed for t in tasks if t.kind == kind]
+        per_kind[kind] = {"count": len(lines), "median_lines_changed": statistics.median(lines),
+                          "min_lines_changed": min(lines), "max_lines_changed": max(lines),
+                          "oracle_resolved_rate": by_kind[kind]["oracle"] / len(lines),
+                          "null_resolved_rate": by_kind[kind]["null"] / len(lines)}
     summary = {
         "num_tasks": n,
         "kinds": dict(sorted(collections.Counter(t.kind for t in tasks).items())),
@@ -73,6 +90,10 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
         "sources": dict(sorted(collections.Counter(t.source for t in tasks).items())),
         "oracle_resolved_rate": resolved["oracle"] / n,
         "null_resolved_rate": resolved["null"] / n,
+        "oracle_tampered": resolved["oracle_tampered"],
+        "null_tampered": resolved["null_tampered"],
+        "median_lines_changed": {k: v["median_lines_changed"] for k, v in per_kind.items()},
+        "per_kind": per_kind,
         "oracle_reward": _mean(oracle_rewards),
         "null_reward": _mean(null_rewards),
         "oracle_failed": sorted(failed),

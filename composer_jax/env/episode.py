@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 import time
 from typing import Callable
@@ -162,6 +163,9 @@ def run_episode(agent: Agent, task: Task, task_dir: pathlib.Path, cfg: EnvConfig
                             num_turns=turns, changed_files=changed,
                             editable_files=task.edit_files, final_message=final, cfg=cfg,
                             tampered=grade.tampered)
+    if grade.tampered:
+        logging.getLogger(__name__).warning("episode on %s tampered with the grader: %s",
+                                            task.task_id, "; ".join(grade.tamper_reasons[:5]))
     source = "chars/4" if "chars/4" in sources else ("tokenizer" if "tokenizer" in sources
                                                       else "agent" if sources else "chars/4")
     return Episode(task.task_id, messages, calls_log, stop, final, turns, tokens, num_calls,

@@ -5,7 +5,9 @@
    files are kept; tests, bytecode, start-up hooks, shadowing modules, symlinks and hard links are
    dropped, and the changes a fix never needs are reported as tampering.
 3. A fresh copy of the snapshot gets only those changes and is tested in a new sandbox (its own
-   uid, the task's reference files hidden as in the episode) by the isolated runner
+   uid; every installed copy of the task's files shows the graded version, so nothing reveals the
+   reference and tests that import the installed module in a subprocess see the graded code) by
+   the isolated runner
    (`python -I -S -B`), whose per-test outcomes count only from the result line carrying the run's
    nonce (`tasks/testrun.py`).
 Resolved = every FAIL_TO_PASS and every PASS_TO_PASS test passes, the run is intact and nothing was
@@ -86,7 +88,7 @@ def run_graded_copy(ws, snapshot_dir: pathlib.Path, changes: Changes, test_ids,
     try:
         uid = allocate_uid()
         apply_changes(pathlib.Path(snapshot_dir), changes, tmp / "ws", uid)
-        sandbox = ws.new_sandbox(tmp / "ws", uid)
+        sandbox = ws.new_sandbox(tmp / "ws", uid, scratch=tmp / "hidden")
         return run_tests(sandbox, ws.python.executable, list(test_ids), timeout_s=timeout_s)
     finally:
         if sandbox is not None:

@@ -192,6 +192,11 @@ def collect_changes(workspace: pathlib.Path, snapshot: pathlib.Path, rules: Rule
         if st.st_size > MAX_FILE_BYTES:
             ignored.append((rel, "too large"))
             continue
+        if any((snapshot / pathlib.PurePosixPath(rel).parents[i]).is_file()
+               for i in range(len(pathlib.PurePosixPath(rel).parents) - 1)) or \
+                (snapshot / rel).is_dir():
+            ignored.append((rel, "replaces a file with a directory or the other way round"))
+            continue
         data = (workspace / rel).read_bytes()
         applied[rel] = data
         if rel.endswith(".py"):

@@ -59,21 +59,35 @@ class Workspace:
         self.num_calls = 0
         self.num_invalid_calls = 0
 
-    def _overlays(self) -> tuple[tuple[str, str], ...]:
-        """Binds hiding every mounted copy of the task's reference files (bubblewrap only)."""
-        texts = {r: (self.source / r).read_text(encoding="utf-8", errors="replace")
-                 for r in self.hidden_files if (self.source / r).is_file()}
+    def _overlays(self, tree: pathlib.Path | None = None,
+                  scratch: pathlib.Path | None = None) -> tuple[tuple[str, str], ...]:
+        """Binds hiding every mounted copy of the task's reference files (bubblewrap only); each
+        copy shows `tree`'s version of the file (default: the snapshot's), or the snapshot's when
+        `tree` lacks it."""
+        tree = tree or self.source
+        texts = {}
+        for r in self.hidden_files:
+            for base in (tree, self.source):
+                p = base / r
+                if p.is_file() and not p.is_symlink():
+                    texts[r] = p.read_text(encoding="utf-8", errors="replace")
+                    break
         if not texts or self.backend != SandboxBackend.BWRAP:
             return ()
         roots = mounted_roots((self.python.prefix,), self.config.extra_ro_binds)
-        return overlays(texts, roots, self._tmp / "hidden")
+        return overlays(texts, roots, scratch or (self._tmp / "hidden"))
 
-    def new_sandbox(self, directory: pathlib.Path, uid: int | None) -> Sandbox:
-        """A sandbox over `directory` with this workspace's interpreter, limits and hidden files
-        (the grader uses one over a fresh copy of the snapshot)."""
+    def new_sandbox(self, directory: pathlib.Path, uid: int | None, *,
+                    scratch: pathlib.Path | None = None) -> Sandbox:
+        """A sandbox over `directory` with this workspace's interpreter and limits. With `scratch`
+        (the grader's sandbox over a fresh snapshot copy), the installed copies of the task's files
+        show `directory`'s versions - the code being graded, so tests that start a subprocess
+        importing the installed module see it too - written under `scratch`; without, they show
+        the snapshot's."""
+        ov = self.overlays if scratch is None else self._overlays(directory, scratch)
         return Sandbox(directory, backend=self.backend, limits=Limits.from_config(self.config),
                        python_prefixes=(self.python.prefix,),
-                       extra_ro_binds=self.config.extra_ro_binds, uid=uid, overlays=self.overlays)
+                       extra_ro_binds=self.config.extra_ro_binds, uid=uid, overlays=ov)
 
     def stop_processes(self) -> None:
         """Kills the persistent shell and every background job (before grading reads the tree)."""

@@ -1,8 +1,9 @@
 """The scripted heuristic baseline: mutation-based program repair through the agent's tools.
 
-It never sees the reference: it lists the workspace, runs the test modules, reads the lines of the
-non-test modules that the tracebacks point at (most frequent first), and tries single-token edits
-there -- the inverses of common slips: comparison flips (< <=, == !=, in / not in, is / is not),
+It never sees the reference: it lists the workspace, runs the test modules, and localises suspects
+-- the lines of the non-test modules that tracebacks point at (most frequent first), then the
+bodies of the module functions that the failing test lines call (found with grep) -- and tries
+single-token edits there -- the inverses of common slips: comparison flips (< <=, == !=, in / not in, is / is not),
 arithmetic swaps (+ -, * /), and/or, True/False, an integer literal +-1, adding or removing a `not`.
 An edit that lowers the number of failing tests is kept, one that does not is reverted; it
 finishes when the tests pass or its budget of test runs is spent, and it says honestly whether the
@@ -15,8 +16,11 @@ import re
 
 from composer_jax.env.protocol import render_assistant
 
-MAX_TEST_RUNS = 14
+MAX_TEST_RUNS = 20
 MAX_LINES = 4
+MAX_FUNCTIONS = 3
+MAX_FUNCTION_LINES = 40
+TEST_WINDOW = 25
 MAX_MUTANTS_PER_LINE = 8
 
 _SWAPS = [(r"<=", "<"), (r"(?<![<>=!])<(?![<=])", "<="), (r">=", ">"), (r"(?<![<>=!-])>(?![>=])", ">="),
@@ -32,12 +36,15 @@ _COND = re.compile(r"^(\s*(?:if|elif|while)\s+)(.*):\s*$")
 def line_mutants(line: str) -> list[str]:
     """Candidate single-token edits of one source line (deduplicated, in a fixed order)."""
     code, hash_, comment = line.partition("#")
-    out = []
+    out, negate = [], []
     m = _COND.match(code)
-    if m:
+    if m:   # dropping a `not` is tried first, adding one (a coarse change) last
         cond = m.group(2).strip()
         nm = re.match(r"^not\s*\((.*)\)$", cond) or re.match(r"^not\s+(\w[\w.]*)$", cond)
-        out.append(f"{m.group(1)}{nm.group(1)}:" if nm else f"{m.group(1)}not ({cond}):")
+        if nm:
+            out.append(f"{m.group(1)}{nm.group(1)}:")
+        else:
+            negate.append(f"{m.group(1)}not ({cond}):")
     for pattern, repl in _SWAPS:
         for hit in re.finditer(pattern, code):
             out.append(code[:hit.start()] + repl + code[hit.end():])
@@ -47,7 +54,7 @@ def line_mutants(line: str) -> list[str]:
             if v >= 0:
                 out.append(code[:hit.start()] + str(v) + code[hit.end():])
     seen, result = set(), []
-    for c in out:
+    for c in out + negate:
         c = c.rstrip() + ("  " + hash_ + comment if hash_ else "")
         if c != line and c not in seen:
             seen.add(c)
@@ -60,9 +67,36 @@ def count_failures(output: str) -> int | None:
     m = re.search(r"FAILED \(([^)]*)\)", output)
     if m:
         return sum(int(v) for k, v in re.findall(r"(failures|errors)=(\d+)", m.group(1)))
-    if re.search(r"^OK\b", output, re.MULTILINE):
+    if re.search(r"^\s*(\d+\s+)?OK\b", output, re.MULTILINE):   # `uniq -c` may prefix a count
         return 0
     return None
+
+
+def called_names(line: str) -> list[str]:
+    """Names of the functions/methods a line of test code calls, in order of appearance."""
+    seen = []
+    for name in re.findall(r"\b([A-Za-z_]\w*)\s*\(", line):
+        if name not in seen and name not in _NOT_TARGETS and not name.startswith("assert"):
+            seen.append(name)
+    return seen
+
+
+_NOT_TARGETS = frozenset({"self", "print", "len", "list", "dict", "set", "tuple", "str", "int",
+                          "float", "range", "isinstance", "type", "super", "repr", "sorted",
+                          "subTest", "fail", "skipTest", "getattr", "setattr", "iter", "next"})
+_MUTABLE = re.compile(r"[<>=!]=|[<>]|\b(and|or|not|in|is|True|False)\b|\s[-+*/]\s|\d")
+
+
+def test_frames(output: str, tests: list[str]) -> list[tuple[str, int]]:
+    """(test file, line) of traceback frames inside test methods (`in test_...`), most frequent
+    first."""
+    counts: dict[tuple[str, int], int] = {}
+    for m in re.finditer(r'^\s*(\d+)\s+File "(?:[^"]*/)?([^"/]+\.py)", line (\d+), in (test\w*)',
+                         output, re.MULTILINE):
+        if m.group(2) in tests:
+            key = (m.group(2), int(m.group(3)))
+            counts[key] = counts.get(key, 0) + int(m.group(1))
+    return sorted(counts, key=lambda k: (-counts[k], k))
 
 
 def traceback_lines(output: str, modules: list[str]) -> list[tuple[str, int]]:
@@ -102,24 +136,20 @@ class HeuristicAgent:
         if not tests or not modules:
             yield ("finish", {"message": "I could not find tests to run, so I changed nothing."})
             return
-        pat = "|".join(re.escape(m) for m in modules)
+        files = "|".join(re.escape(m) for m in modules + tests)
         cmd = (f"python -m unittest {' '.join(t[:-3] for t in tests)} 2>&1 | "
-               f"grep -E '^  File \".*({pat})\", line|^(FAILED|OK)' | sort | uniq -c | sort -rn | head -n 60")
+               f"grep -E '^  File \".*({files})\", line|^(FAILED|OK)' | sort | uniq -c | sort -rn | head -n 80")
         out = yield ("run_terminal_cmd", {"command": cmd})
         fails, runs = count_failures(out), 1
         tried: set[tuple[str, int, str]] = set()
         while fails and runs < MAX_TEST_RUNS:
+            sites = yield from self._suspects(out, modules, tests)
             improved = False
-            for path, line in traceback_lines(out, modules)[:MAX_LINES]:
-                window = yield ("read_file", {"target_file": path, "start_line": max(1, line - 1),
-                                              "end_line": line + 1})
-                got = dict((int(n), t) for n, t in re.findall(r"^\s*(\d+)\t(.*)$", window, re.MULTILINE))
-                if line not in got:
-                    continue
-                ctx = [got[i] for i in sorted(got)]
-                center = sorted(got).index(line)
-                for mutant in line_mutants(got[line]):
-                    if runs >= MAX_TEST_RUNS or (path, line, mutant) in tried:
+            for path, line, text, ctx, center in sites:
+                for mutant in line_mutants(text):
+                    if runs >= MAX_TEST_RUNS:
+                        break
+                    if (path, line, mutant) in tried:
                         continue
                     tried.add((path, line, mutant))
                     old = "\n".join(ctx)
@@ -134,7 +164,7 @@ class HeuristicAgent:
                         fails, out, improved = n, new_out, True
                         break
                     yield ("search_replace", {"file_path": path, "old_string": new, "new_string": old})
-                if improved or not fails:
+                if improved or runs >= MAX_TEST_RUNS:
                     break
             if not improved:
                 break
@@ -143,3 +173,56 @@ class HeuristicAgent:
         else:
             yield ("finish", {"message": f"I could not fix it: {fails if fails is not None else 'some'} "
                                          f"tests still fail."})
+
+    def _suspects(self, out: str, modules: list[str], tests: list[str]):
+        """Suspicious (file, line, text, context lines, index of the line in them): lines of the
+        modules that tracebacks name, then the lines of the module functions that the failing
+        test lines call (found with grep), keeping lines with something a slip could flip."""
+        sites, seen = [], set()
+
+        def add(path, got, line):
+            if line in got and (path, line) not in seen and _MUTABLE.search(got[line].split("#")[0]):
+                seen.add((path, line))
+                nums = [i for i in (line - 1, line, line + 1) if i in got]
+                sites.append((path, line, got[line], [got[i] for i in nums], nums.index(line)))
+
+        for path, line in traceback_lines(out, modules)[:MAX_LINES]:
+            window = yield ("read_file", {"target_file": path, "start_line": max(1, line - 1),
+                                          "end_line": line + 1})
+            add(path, _numbered(window), line)
+        counts: dict[str, int] = {}
+        for path, line in test_frames(out, tests)[:MAX_LINES]:
+            window = _numbered((yield ("read_file", {"target_file": path,
+                                                     "start_line": max(1, line - TEST_WINDOW),
+                                                     "end_line": line})))
+            start = max((i for i, t in window.items() if re.match(r"\s*def test", t)), default=line)
+            for i in range(start + 1, line + 1):
+                for name in called_names(window.get(i, "")):
+                    counts[name] = counts.get(name, 0) + 1
+        called = sorted(counts, key=lambda n: -counts[n])
+        for name in called[:MAX_FUNCTIONS]:
+            hits = yield ("grep_search", {"query": rf"def {name}\b"})
+            for path, start in re.findall(r"^([\w./]+\.py):(\d+):", hits, re.MULTILINE):
+                if path not in modules:
+                    continue
+                body = yield ("read_file", {"target_file": path, "start_line": int(start),
+                                            "end_line": int(start) + MAX_FUNCTION_LINES})
+                got = _numbered(body)
+                first = got.get(int(start), "")
+                indent = len(first) - len(first.lstrip())
+                in_string = False
+                for i in sorted(got)[1:]:
+                    text = got[i]
+                    if text.strip() and len(text) - len(text.lstrip()) <= indent:
+                        break                       # the function ended
+                    quotes = text.count('"""') + text.count("'''")
+                    if in_string or quotes:
+                        in_string = in_string != (quotes % 2 == 1)
+                        continue                    # docstrings hold no bug
+                    add(path, got, i)
+        return sites
+
+
+def _numbered(window: str) -> dict[int, str]:
+    """{line number: text} from a read_file result."""
+    return {int(n): t for n, t in re.findall(r"^\s*(\d+)\t(.*)$", window, re.MULTILINE)}

@@ -53,7 +53,9 @@ def summarize(records: list[dict], samples: int) -> dict:
 
     def agg(rows):
         a = aggregate(rows, ks)
-        a["resolved_stderr"] = binomial_stderr(a.get("resolved", 0.0), a["num_tasks"])
+        a["num_rows"] = a["num_tasks"]                       # task x prompt-style rows
+        a["num_tasks"] = len({r["task_id"] for r in rows})   # distinct tasks
+        a["resolved_stderr"] = binomial_stderr(a.get("resolved", 0.0), a["num_rows"])
         return a
 
     styles = sorted({r["style"] for r in tasks})

@@ -121,8 +121,9 @@ def select_tasks(tasks: list[Task], size: int, min_median_lines: int) -> list[Ta
         return statistics.median([t.lines_changed for v in chosen.values() for t in v])
 
     while med() < min_median_lines:
-        unused = [t for c in cats for t in ordered[c][len(chosen[c]):]
-                  if t.lines_changed >= min_median_lines]
+        taken = {t.task_id for v in chosen.values() for t in v}
+        unused = [t for c in cats for t in ordered[c]
+                  if t.task_id not in taken and t.lines_changed >= min_median_lines]
         shrinkable = [c for c in cats if len(chosen[c]) > MIN_PER_CATEGORY
                       and min(t.lines_changed for t in chosen[c]) < min_median_lines]
         if not unused or not shrinkable:

@@ -1,9 +1,11 @@
 """Cached forward passes of the main model and of the MTP modules, as pure functions.
 
 They consume the same parameter pytree as `Transformer` (`graphdef, state = nnx.split(model)`),
-scan over the stacked layers like `transformer.scan_blocks`, and reuse the model's own modules
-(norms, q/latent projections, FFN/MoE) on each layer slice; only attention differs (it reads and
-writes the latent cache, `inference.mla`). One function serves prefill (T = prompt chunk), decode
+drive the stacked layers with the training forward's own driver (`transformer.drive_layers`: the
+same per-layer precision, e.g. `quant_bf16_last_blocks`) and the same MTP input and precision
+(`transformer.mtp_input`, `mtp_ctx`), and reuse the model's own modules (norms, q/latent
+projections, FFN/MoE) on each layer slice; only attention differs (it reads and writes the latent
+cache, `inference.mla`). One function serves prefill (T = prompt chunk), decode
 (T = 1) and speculative verification (T = 1 + drafts): new token t of row b sits at sequence
 position starts[b] + t and is real when t < n_valid[b] (padding is computed but never written).
 
@@ -16,8 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from composer_jax.model.layers import Ctx, linear
-from composer_jax.model.transformer import Transformer
+from composer_jax.model.layers import Ctx
+from composer_jax.model.transformer import Transformer, drive_layers, mtp_ctx, mtp_input
 from composer_jax.inference.cache import Cache, LayerCache
 from composer_jax.inference.mla import mla_cached
 
@@ -63,18 +65,17 @@ def block_cached(blk, x, win: Window, c_cache, kpe_cache, ctx: Ctx, replay=None,
 
 
 def scan_blocks_cached(blocks, x, win: Window, cache: LayerCache, ctx: Ctx, replay=None,
-                       absorbed: bool = True):
-    """A stack of L blocks over new tokens. replay [L,B,T,K] or None
-    -> (x, new LayerCache, router idx [L,B,T,K] or None)."""
-    graphdef, state = nnx.split(blocks)
+                       absorbed: bool = True, first_layer: int = 0):
+    """A stack of L blocks over new tokens. replay [L,B,T,K] or None; first_layer: the stack's
+    first global layer index (per-layer precision) -> (x, new LayerCache, router idx [L,B,T,K] or
+    None)."""
+    def layer(block, h, c, xs):
+        lc, kpe, rep = xs
+        h, lc, kpe, idx = block_cached(block, h, win, lc, kpe, c, rep, absorbed)
+        return h, (lc, kpe, idx)
 
-    def body(h, xs):
-        layer_state, c, kpe, rep = xs
-        h, c, kpe, idx = block_cached(nnx.merge(graphdef, layer_state), h, win, c, kpe, ctx, rep,
-                                      absorbed)
-        return h, (c, kpe, idx)
-
-    x, (c, kpe, idx) = jax.lax.scan(body, x, (state, cache.c, cache.k_pe, replay))
+    x, (c, kpe, idx) = drive_layers(blocks, x, ctx, layer, (cache.c, cache.k_pe, replay),
+                                    first_layer)
     return x, LayerCache(c, kpe), idx
 
 
@@ -94,7 +95,7 @@ def forward_cached(graphdef, state, cache: Cache, tokens: jax.Array, win: Window
                                          absorbed)
     if model.moe_layers is not None:
         x, moe, idx = scan_blocks_cached(model.moe_layers, x, win, cache.moe, ctx, router_replay,
-                                         absorbed)
+                                         absorbed, first_layer=model.cfg.first_k_dense)
     logits = model.head(model.final_norm(x), ctx)
     return ForwardOut(logits, x, idx), cache.replace(dense=dense, moe=moe)
 
@@ -108,11 +109,11 @@ def mtp_cached(graphdef, state, cache: Cache, depth: int, h_prev: jax.Array,
     Returns (logits [B,T,V] f32, hidden [B,T,D] for the next depth, updated cache).
     """
     model: Transformer = nnx.merge(graphdef, state)
-    ctx = Ctx(model.cfg)
+    ctx = mtp_ctx(Ctx(model.cfg))
     mgd, mstate = nnx.split(model.mtp)
     m = nnx.merge(mgd, jax.tree.map(lambda a: a[depth], mstate))
     emb = model.embed_tokens(next_tokens, ctx)
-    x = linear(jnp.concatenate([m.enorm(emb), m.hnorm(h_prev)], axis=-1), m.eh_proj[...], ctx)
+    x = mtp_input(m, emb, h_prev, ctx)
     lc = cache.mtp
     x, c, kpe, _ = block_cached(m.block, x, win, lc.c[depth], lc.k_pe[depth], ctx, None, absorbed)
     logits = model.head(m.norm(x), ctx)

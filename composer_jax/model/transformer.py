@@ -82,14 +82,17 @@ def _remat(fn, policy: Remat):
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
-def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None,
-                token_index=None, first_layer: int = 0):
-    """Runs a stack of L blocks with lax.scan. replay [L,B,T,K] or None -> (x, stacked aux).
+def drive_layers(blocks: Block, x, ctx: Ctx, layer_fn, xs=None, first_layer: int = 0,
+                 remat: Remat = Remat.NONE):
+    """The one layer driver of training and inference: scans `layer_fn` over a stack of L blocks.
 
-    token_index [B,T]: original token indices (context parallelism), default arange. first_layer:
-    the stack's first global layer index (for quant_bf16_last_blocks); ctx.key is split per layer. Under a
-    parallel context each layer's weights are gathered to their compute layout inside the scan
-    body (FSDP: one layer's weights at a time).
+    layer_fn(block, h, ctx_l, xs_l) -> (h, ys_l): one layer (`block` is the layer slice, its
+    weights gathered to their compute layout under a parallel context: FSDP holds one layer's
+    weights at a time). xs: pytree of per-layer inputs [L, ...] (router replay, cache slices) or
+    None. Returns (h, ys stacked [L, ...]).
+    Per layer, ctx_l carries the layer's own key (ctx.key split L ways) and its precision: blocks
+    whose global index (first_layer + l) is among the last `quant_bf16_last_blocks` of the model
+    run BF16 when the model is low-precision. remat: the rematerialisation policy of the body.
     """
     graphdef, state = nnx.split(blocks)
     n = jax.tree.leaves(state)[0].shape[0]
@@ -99,20 +102,48 @@ def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None,
         ctx.cfg.num_layers - ctx.cfg.quant_bf16_last_blocks)
     mixed = ctx.fmt != "bf16" and ctx.cfg.quant_bf16_last_blocks > 0
 
-    def body(h, xs):
-        layer_state, layer_replay, layer_key, layer_bf16 = xs
+    def body(h, args):
+        layer_state, layer_xs, layer_key, layer_bf16 = args
         layer_state = gather_for_compute(layer_state)
         block = nnx.merge(graphdef, layer_state)
 
         def run(quantized):
-            c = dataclasses.replace(ctx, key=layer_key, quantized=quantized)
-            return block(h, positions, segment_ids, c, layer_replay, token_index)
+            return layer_fn(block, h, dataclasses.replace(ctx, key=layer_key, quantized=quantized),
+                            layer_xs)
 
         if not mixed:
             return run(ctx.quantized)
         return jax.lax.cond(layer_bf16, lambda: run(False), lambda: run(True))
 
-    return jax.lax.scan(_remat(body, ctx.cfg.remat), x, (state, replay, keys, keep_bf16))
+    return jax.lax.scan(_remat(body, remat), x, (state, xs, keys, keep_bf16))
+
+
+def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None,
+                token_index=None, first_layer: int = 0):
+    """The training forward of a stack of L blocks. replay [L,B,T,K] or None -> (x, stacked aux).
+
+    token_index [B,T]: original token indices (context parallelism), default arange. first_layer:
+    the stack's first global layer index (for quant_bf16_last_blocks). See `drive_layers`.
+    """
+    def layer(block, h, c, layer_replay):
+        return block(h, positions, segment_ids, c, layer_replay, token_index)
+
+    return drive_layers(blocks, x, ctx, layer, replay, first_layer, ctx.cfg.remat)
+
+
+def mtp_ctx(ctx: Ctx) -> Ctx:
+    """The MTP blocks follow the last main blocks, so they stay BF16 when
+    quant_bf16_last_blocks > 0 (training and inference alike)."""
+    if ctx.cfg.quant_bf16_last_blocks > 0:
+        return dataclasses.replace(ctx, quantized=False)
+    return ctx
+
+
+def mtp_input(m, emb, h_prev, ctx: Ctx):
+    """One MTP module's input: eh_proj([RMSNorm(Emb(t_{i+k})); RMSNorm(h_{k-1})]) -> [B,T,D].
+    m: the module's slice of `MTPLayers`; emb, h_prev [B,T,D]."""
+    x = jnp.concatenate([m.enorm(emb), m.hnorm(h_prev)], axis=-1)
+    return linear(x, m.eh_proj[...], ctx)
 
 
 class MTPLayers(nnx.Module):
@@ -131,11 +162,10 @@ class MTPLayers(nnx.Module):
                  token_index=None):
         """h0 [B,T,D], future_emb [Dm,B,T,D] (Emb(t_{i+k})) -> normed hiddens [Dm,B,T,D], aux.
 
-        The MTP blocks follow the last main blocks, so they stay BF16 when quant_bf16_last_blocks > 0.
+        Precision: `mtp_ctx`; each module's input: `mtp_input` (shared with inference).
         """
         graphdef, state = nnx.split(self)
-        if ctx.cfg.quant_bf16_last_blocks > 0:
-            ctx = dataclasses.replace(ctx, quantized=False)
+        ctx = mtp_ctx(ctx)
 
         depth = future_emb.shape[0]
         keys = None if ctx.key is None else jax.random.split(jax.random.fold_in(ctx.key, 2), depth)
@@ -144,8 +174,7 @@ class MTPLayers(nnx.Module):
             st, emb, rep, key = xs
             c = dataclasses.replace(ctx, key=key)
             m = nnx.merge(graphdef, gather_for_compute(st))
-            x = jnp.concatenate([m.enorm(emb), m.hnorm(h)], axis=-1)
-            x = linear(x, m.eh_proj[...], c)
+            x = mtp_input(m, emb, h, c)
             x, aux = m.block(x, positions, segment_ids, c, rep, token_index)
             return x, (m.norm(x), aux)
 

@@ -14,9 +14,14 @@ Both implement the pool interface the driver uses: `submit(job)`, `results(timeo
 """
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
+import os
 import queue
+import socket
+import subprocess
+import sys
 import threading
+from multiprocessing.connection import Connection
 
 from composer_jax.rl.program import LocalClient, ProgramSpec, build_program
 from composer_jax.rl.rollout import Rollout
@@ -105,7 +110,7 @@ class _PipeClient:
         return value
 
 
-def _process_main(conn, factory: str, kwargs: dict, name: str) -> None:
+def process_main(conn, factory: str, kwargs: dict, name: str) -> None:
     """A rollout worker process: builds the program's env side and runs the jobs it is sent."""
     program = build_program(ProgramSpec(factory, kwargs))
     client = _PipeClient(conn)
@@ -126,8 +131,7 @@ class ProcessPool(_PoolBase):
     def __init__(self, spec: ProgramSpec, inference, num_workers: int):
         super().__init__(num_workers)
         self.spec, self.inference = spec, inference
-        self._ctx = mp.get_context("spawn")
-        self._procs: dict[int, mp.Process] = {}
+        self._procs: dict[int, subprocess.Popen] = {}
         self._spawned = 0
         self._threads = [threading.Thread(target=self._slot, args=(i,), daemon=True,
                                           name=f"rollout-slot-{i}") for i in range(num_workers)]
@@ -135,16 +139,20 @@ class ProcessPool(_PoolBase):
             t.start()
 
     def _spawn(self, i: int):
-        parent, child = self._ctx.Pipe()
+        """`python -m composer_jax.rl.worker_process FD SPEC` over a socket pair (a fresh
+        interpreter: nothing of the driver, JAX included, is inherited)."""
+        ours, theirs = socket.socketpair()
         self._spawned += 1
-        p = self._ctx.Process(target=_process_main, daemon=True, name=f"rollout-{i}",
-                              args=(child, self.spec.factory, self.spec.kwargs,
-                                    f"process-{i}.{self._spawned}"))
-        p.start()
-        child.close()
+        spec = json.dumps({"factory": self.spec.factory, "kwargs": self.spec.kwargs,
+                           "name": f"process-{i}.{self._spawned}"})
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        p = subprocess.Popen([sys.executable, "-m", "composer_jax.rl.worker_process",
+                              str(theirs.fileno()), spec], pass_fds=(theirs.fileno(),), env=env)
+        theirs.close()
+        conn = Connection(ours.detach())
         with self._lock:
             self._procs[i] = p
-        return p, parent
+        return p, conn
 
     def _slot(self, i: int) -> None:
         proc, conn = self._spawn(i)
@@ -158,16 +166,14 @@ class ProcessPool(_PoolBase):
             self._done(job, None)
             with self._lock:
                 self.restarts += 1
-            proc.join(timeout=1)
+            _reap(proc)
             conn.close()
             proc, conn = self._spawn(i)
         try:
             conn.send(("stop",))
         except OSError:
             pass
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
+        _reap(proc, 5)
 
     def _serve(self, conn, job: Job) -> bool:
         """Runs one job on the slot's process; False if the process died on the way."""
@@ -189,9 +195,17 @@ class ProcessPool(_PoolBase):
 
     def worker_pids(self) -> list[int]:
         with self._lock:
-            return [p.pid for p in self._procs.values() if p.is_alive()]
+            return [p.pid for p in self._procs.values() if p.poll() is None]
 
     def close(self) -> None:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=30)
+
+
+def _reap(proc: subprocess.Popen, timeout: float = 1.0) -> None:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)

@@ -62,6 +62,17 @@ class DriverSettings:
                 raise ConfigError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
 
 
+def settings_from_config(cfg, progress: bool = True) -> DriverSettings:
+    """The driver's settings from a Config's `rl` section (and its seed)."""
+    rl = cfg.rl
+    return DriverSettings(group_size=rl.group_size, batch_groups=rl.batch_groups,
+                          max_staleness=rl.max_staleness, steps=rl.steps,
+                          checkpoint_every=rl.checkpoint_every, eval_every=rl.eval_every,
+                          num_workers=rl.num_rollout_workers, worker_mode=rl.worker_mode.value,
+                          backend=rl.backend.value, ray_address=rl.ray_address, seed=cfg.seed,
+                          progress=progress)
+
+
 def task_for_group(tasks: list[str], index: int, seed: int) -> str:
     """The task of the run's `index`-th group: each epoch visits every task once, in a shuffled
     order that depends only on (seed, epoch), so a restarted run assigns the same tasks."""

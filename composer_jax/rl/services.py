@@ -75,10 +75,11 @@ def resolved_of(rollout: Rollout) -> float:
 
 def sync_stats(info, params) -> dict:
     """weight_sync_bytes / weight_sync_ratio from what a store's publish returned (an object or
-    dict with bytes_sent and full_bytes); the full size is measured from `params` if absent."""
+    dict: bytes sent as `bytes_sent` or `bytes`, full size as `full_bytes` or `raw_bytes`, e.g.
+    rl.weights.PublishStats); the full size is measured from `params` if absent."""
     get = (lambda k: info.get(k)) if isinstance(info, dict) else (lambda k: getattr(info, k, None))
     sent = get("bytes_sent") or get("bytes") or get("nbytes")
-    full = get("full_bytes") or get("bytes_full")
+    full = get("full_bytes") or get("raw_bytes")
     if full is None:
         full = tree_nbytes(params)
     if sent is None:
@@ -131,7 +132,11 @@ class InferenceService:
         v = self.store.latest()
         if v is None or v <= getattr(self.server, "version", -1):
             return False
-        self.server.load(self.store.fetch(v), v)
+        load_from = getattr(self.server, "load_from", None)
+        if load_from is not None:          # the server reads the store itself (its own layout)
+            load_from(self.store, v)
+        else:
+            self.server.load(self.store.fetch(v), v)
         self.swaps += 1
         return True
 

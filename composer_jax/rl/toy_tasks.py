@@ -4,7 +4,7 @@ a laptop CPU: the "parity" tasks.
 Each task asks for a reply whose characters all have a given parity of their code point:
 
     system: "Reply with characters of the requested parity."
-    user:   "task 17, parity: even"             -> reward = fraction of the reply's characters c
+    user:   "even"                              -> reward = fraction of the reply's characters c
                                                     with ord(c) % 2 == 0
 The reply is the final message of the protocol (`env.protocol.parse_assistant(text).content`), so
 a reply that opens a tool-call section or is empty scores 0. Known optimum: reward 1.0 (every
@@ -53,18 +53,22 @@ class ToyTask:
 
     def messages(self) -> list[dict]:
         return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"task {self.nonce}, parity: {self.kind}"}]
+                {"role": "user", "content": self.kind}]
 
 
-def make_tasks(n: int, seed: int = 0, split: str = "train") -> list[ToyTask]:
-    """n tasks, kinds alternating (even, odd, even, ...: any 2m consecutive tasks are balanced);
-    `split` "train" and "eval" never share a task id."""
+def make_tasks(n: int, seed: int = 0, split: str = "train",
+               kinds: Sequence[str] = KINDS) -> list[ToyTask]:
+    """n tasks, kinds cycling through `kinds` (even, odd, even, ...: any 2m consecutive tasks are
+    balanced); `split` "train" and "eval" never share a task id. kinds=("even",) is the
+    unconditional variant (the CI learning check: no need to read the prompt)."""
     if split not in _SPLIT_SEED:
         raise ValueError(f"split must be one of {sorted(_SPLIT_SEED)}, got {split!r}")
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
     rng = random.Random(seed + _SPLIT_SEED[split])
     nonces = rng.sample(range(1000), n) if split == "train" else rng.sample(range(1000, 2000), n)
-    kinds = [KINDS[i % 2] for i in range(n)]
-    return [ToyTask(f"parity-{split}-{k}-{x}", k, x) for k, x in zip(kinds, nonces)]
+    return [ToyTask(f"parity-{split}-{kinds[i % len(kinds)]}-{x}", kinds[i % len(kinds)], x)
+            for i, x in enumerate(nonces)]
 
 
 def grade(task: ToyTask, reply: str) -> tuple[float, bool]:
@@ -144,7 +148,8 @@ def run_group(engine, tokenizer, tasks: Sequence[ToyTask], group_size: int, *,
 
 
 def train_toy(cfg, *, steps: int, tasks_per_step: int = 4, group_size: int = 8,
-              seq_len: int = 64, max_new_tokens: int = 6, log=None) -> list[dict]:
+              seq_len: int = 64, max_new_tokens: int = 6, kinds: Sequence[str] = KINDS,
+              log=None) -> list[dict]:
     """Trains a fresh `toy_model_config` policy on the parity tasks for `steps` RL steps: sample
     groups on the engine (router capture on), `make_batch`, `rl_step`, swap the new weights into
     the engine. Returns one metrics dict per step (reward_mean before the update, ...).
@@ -175,7 +180,7 @@ def train_toy(cfg, *, steps: int, tasks_per_step: int = 4, group_size: int = 8,
     engine = Engine(*engine_state(state.params, state.buffers), EngineConfig(max_batch=n_rows, max_len=seq_len,
                                                    capture_router=cfg.rl.router_replay,
                                                    prefill_batch=n_rows, seed=cfg.seed))
-    pool = make_tasks(64, cfg.seed)
+    pool = make_tasks(64, cfg.seed, kinds=kinds)
     history = []
     for i in range(steps):
         t0 = time.monotonic()

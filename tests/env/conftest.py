@@ -54,14 +54,14 @@ def cfg() -> EnvConfig:
     return EnvConfig(python_versions=(version,), command_timeout_s=10.0, use_embeddings=False)
 
 
-MINI_POOL_MODULE = "textwrap"
+MINI_POOL_MODULE = "graphlib"
 MINI_POOL_KINDS = ("bug", "refactor", "large_feature")
 
 
 @pytest.fixture(scope="session")
 def mini_pool(tmp_path_factory):
-    """One small real pool shared by the red-team and task-kind tests: a bug, a refactor and a
-    large_feature task on the newest CPython's stdlib `textwrap` (generated once per session).
+    """One small real pool shared by the red-team and task-kind tests: bug, refactor and
+    large_feature tasks on the newest CPython's stdlib `graphlib` (generated once per session).
     Returns (TaskPool, EnvConfig for episodes)."""
     from env_helpers import needs_bwrap_now
     needs_bwrap_now()
@@ -70,13 +70,12 @@ def mini_pool(tmp_path_factory):
 
     version = sorted(find_pythons(), key=lambda v: tuple(map(int, v.split("."))))[-1]
     gen = EnvConfig(python_versions=(version,), modules=(MINI_POOL_MODULE,),
-                    kinds=MINI_POOL_KINDS, num_tasks=len(MINI_POOL_KINDS),
-                    max_tasks_per_module=len(MINI_POOL_KINDS), package_sources=(),
+                    kinds=MINI_POOL_KINDS, num_tasks=6, max_tasks_per_module=6, package_sources=(),
                     use_embeddings=False, workers=1)
     root = tmp_path_factory.mktemp("mini_pool") / "pool"
     generate_pool(gen, root, progress=False)
     pool = TaskPool(root)
-    kinds = sorted(t.kind for t in pool.tasks())
+    kinds = sorted({t.kind for t in pool.tasks()})
     assert kinds == sorted(MINI_POOL_KINDS), f"mini pool has kinds {kinds}"
     return pool, EnvConfig(python_versions=(version,), command_timeout_s=10.0,
                            use_embeddings=False)

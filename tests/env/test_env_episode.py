@@ -98,3 +98,15 @@ def test_editing_tests_does_not_pay_and_limits_stop(task_env, cfg):
     short = dataclasses.replace(cfg, max_turns=2)
     ep = run_episode(scripted(p.render_assistant("", [("list_dir", {})])), task, d, short)
     assert ep.stop_reason == "max_turns" and ep.num_turns == 2
+
+
+def test_token_counts_come_from_the_agent_or_a_tokenizer(task_env, cfg):
+    from composer_jax.env.episode import AgentTurn
+    task, d = task_env
+    text = p.render_assistant("", [("finish", {"message": "done"})])
+    ep = run_episode(lambda m: AgentTurn(text, 7), task, d, cfg)
+    assert ep.num_tokens == 7 and ep.token_count_source == "agent"
+    ep = run_episode(lambda m: text, task, d, cfg, count_tokens=lambda s: 3)
+    assert ep.num_tokens == 3 and ep.token_count_source == "tokenizer"
+    ep = run_episode(lambda m: text, task, d, cfg)
+    assert ep.num_tokens == len(text) // 4 and ep.token_count_source == "chars/4"

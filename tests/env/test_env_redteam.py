@@ -62,8 +62,9 @@ def test_every_copy_of_the_reference_is_hidden_inside_the_sandbox(mini_pool):
     rel, before = _before(task, d)
     solution = hashlib.sha256((d / "solution" / rel).read_bytes()).hexdigest()
     snapshot = hashlib.sha256(before.encode()).hexdigest()
-    probe = (f"find / -xdev \\( -name {rel} -o -name '{rel[:-3]}.*.pyc' -o -name '{rel}c' \\) "
-             f"-not -path '/workspace/*' -not -path '/proc/*' 2>/dev/null | while read f; do "
+    probe = (f"find / \\( -path /proc -o -path /sys -o -path /dev -o -path /workspace \\) -prune "
+             f"-o \\( -name {rel} -o -name '{rel[:-3]}.*.pyc' -o -name '{rel}c' \\) -print "
+             f"2>/dev/null | while read f; do "
              f"echo \"$(sha256sum < \"$f\" | cut -c1-64) $(stat -c %s \"$f\") $f\"; done")
     from composer_jax.env.workspace import open_workspace
     with open_workspace(d / "snapshot", cfg, python_version=task.python_version) as ws:
@@ -71,7 +72,8 @@ def test_every_copy_of_the_reference_is_hidden_inside_the_sandbox(mini_pool):
         origin = ws.call("run_terminal_cmd", {"command": (
             f"cd /tmp && python -c 'import {task.module}, sys; print({task.module}.__file__); "
             f"print(len(sys.modules))'")}).output
-    rows = [line.split(" ", 2) for line in out.splitlines() if line.strip()]
+    rows = [r for r in (line.split(" ", 2) for line in out.splitlines())
+            if len(r) == 3 and r[2].startswith("/")]
     assert len(rows) >= 2, out  # the task interpreter's copy and its bytecode at least
     for digest, size, path in rows:
         assert digest != solution, f"reference readable at {path}"
@@ -85,7 +87,8 @@ def test_every_copy_of_the_reference_is_hidden_inside_the_sandbox(mini_pool):
 def test_copying_or_executing_the_installed_module_does_not_resolve(mini_pool):
     task, d, _ = _task(mini_pool)
     rel, _ = _before(task, d)
-    grab = (f"for f in $(find / -xdev -name {rel} -not -path '/workspace/*' 2>/dev/null); do "
+    grab = (f"for f in $(find / -path /proc -prune -o -name {rel} -print 2>/dev/null "
+            f"| grep -v ^/workspace); do "
             f"cmp -s $f {rel} || cp $f {rel}; done; "
             f"python -c 'import sysconfig,shutil; shutil.copy(sysconfig.get_paths()[\"stdlib\"]"
             f"+\"/{rel}\", \"{rel}\")'")
@@ -244,3 +247,41 @@ def test_static_scan_flags_added_framework_and_exit_code_only():
     ref = old + "import atexit\n"
     assert scan_source(old, ref, reference=ref) == []
     assert scan_source(old, ref) != []
+
+
+def test_collect_changes_applies_only_source_edits(tmp_path):
+    import os
+    from composer_jax.env.tamper import Rules, collect_changes
+    snap, ws = tmp_path / "snap", tmp_path / "ws"
+    for root in (snap, ws):
+        (root / "pkg").mkdir(parents=True)
+        (root / "mod.py").write_text("def f():\n    return 1\n")
+        (root / "test_mod.py").write_text("import mod\n")
+        (root / "pkg" / "data.txt").write_text("x\n")
+    (ws / "mod.py").write_text("def f():\n    return 2\n")
+    (ws / "test_mod.py").write_text("# gutted\n")
+    (ws / "helper.py").write_text("X = 1\n")
+    (ws / "random.py").write_text("X = 1\n")
+    (ws / "sitecustomize.py").write_text("pass\n")
+    (ws / "x.pth").write_text("import os\n")
+    (ws / "__pycache__").mkdir()
+    (ws / "__pycache__" / "test_mod.cpython-312.pyc").write_bytes(b"\0" * 16)
+    (ws / "unittest").mkdir()
+    (ws / "unittest" / "__init__.py").write_text("")
+    os.symlink("/etc/passwd", ws / "pkg" / "link.py")
+    (ws / "pkg" / "data.txt").unlink()
+    (ws / "pkg" / "data.txt").mkdir()
+    (ws / "pkg" / "data.txt" / "inner.py").write_text("")
+    rules = Rules(frozenset({"test_mod.py"}), frozenset({"mod.py"}), frozenset({"random", "os"}), {})
+    ch = collect_changes(ws, snap, rules)
+    assert sorted(ch.applied) == ["helper.py", "mod.py", "pkg/data.txt"]
+    assert ch.applied["pkg/data.txt"] is None and ch.applied["mod.py"] == b"def f():\n    return 2\n"
+    ignored = dict(ch.ignored)
+    assert set(ignored) == {"test_mod.py", "random.py", "sitecustomize.py", "x.pth",
+                            "__pycache__/test_mod.cpython-312.pyc", "unittest/__init__.py",
+                            "pkg/link.py", "pkg/data.txt/inner.py"}
+    text = " | ".join(ch.tamper)
+    for needle in ("sitecustomize.py", "x.pth", "bytecode planted for test_mod.py", "'unittest'",
+                   "symlink in place of a source file: pkg/link.py"):
+        assert needle in text, (needle, text)
+    assert len(ch.tamper) == 5

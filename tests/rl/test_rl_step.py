@@ -140,3 +140,87 @@ def test_rl_step_loss_and_kl_match_independent_computation(sampled):
     adv2 = (batch["rewards"] - beta * kl_rows)
     adv2 = adv2 - np.repeat(adv2.reshape(2, 2).mean(1), 2)
     assert float(m2["advantage_abs_mean"]) == pytest.approx(np.abs(adv2).mean(), rel=1e-3)
+
+
+# ------------------------------------------------------------------------------------------------
+# A real sandboxed oracle episode (issue 14's token-level agent), split by self-summarization,
+# trains one rl_step
+# ------------------------------------------------------------------------------------------------
+
+GOOD = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+BAD = GOOD.replace("return a + b", "return a - b")
+TESTS = ("import unittest\nimport mod\n\n\nclass T(unittest.TestCase):\n"
+         "    def test_add(self):\n        self.assertEqual(mod.add(2, 3), 5)\n\n"
+         "    def test_sub(self):\n        self.assertEqual(mod.sub(5, 3), 2)\n")
+
+
+def _oracle_task(tmp_path):
+    from composer_jax.env.pythons import find_pythons
+    from composer_jax.env.tasks.pool import TaskPool
+    from composer_jax.env.tasks.task import Task, unified_patch
+    version = sorted(find_pythons(), key=lambda v: tuple(map(int, v.split("."))))[-1]
+    pool = TaskPool(tmp_path / "pool")
+    patch, n = unified_patch({"mod.py": BAD}, {"mod.py": GOOD})
+    task = Task("t1", "bug", "train", version, "mod", "test_add fails; fix mod.py",
+                ("test_mod.T.test_add",), ("test_mod.T.test_sub",), ("mod.py",),
+                ("test_mod.py",), patch, n, version, version)
+    pool.add(task, {"mod.py": BAD, "test_mod.py": TESTS}, {"mod.py": GOOD})
+    return version, task, pool.task_dir("t1")
+
+
+def test_sandboxed_oracle_rollout_trains_one_rl_step(tmp_path):
+    """The oracle (forced through the engine by issue 14's TokenAgent) and the null agent on one
+    sandboxed task; a low summary trigger splits the oracle episode into segments. make_batch +
+    rl_step: every segment trains with the episode's reward, the episodes count once in
+    reward_mean, the trainer reproduces the sampler's log-probs (router replay), and the update
+    raises the log-likelihood of the resolving (positive-advantage) episode."""
+    from composer_jax.data.config import SplitPattern
+    from composer_jax.data.tokenizer import train_tokenizer
+    from composer_jax.env import protocol as p
+    from composer_jax.env.agents import OracleAgent, null_agent
+    from composer_jax.env.config import EnvConfig
+    from composer_jax.env.sandbox import bwrap_works
+    from composer_jax.rl.agent import AgentConfig, ScriptedPolicy, TokenAgent
+    from composer_jax.rl.rollout import END_SUMMARIZED
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not usable here")
+    version, task, d = _oracle_task(tmp_path)
+    tok = train_tokenizer([p.SYSTEM_PROMPT, GOOD, TESTS] * 3, 512, SplitPattern.KIMI)
+    mcfg = dataclasses.replace(tt.toy_model_config(512), name="tiny_oracle")
+    model = init_model(mcfg, 0)
+    env_cfg = EnvConfig(python_versions=(version,), command_timeout_s=10.0, use_embeddings=False)
+    engine = Engine.from_model(model, EngineConfig(max_batch=2, max_len=2048,
+                                                   capture_router=True)).start()
+    acfg = AgentConfig(max_new_tokens=192, include_tool_specs=False, summary_trigger_tokens=600,
+                       summary_max_tokens=32)
+    summary = lambda msgs: "Fixed add in mod.py."                       # noqa: E731
+    try:
+        oracle = TokenAgent(engine, tok, acfg, env_cfg, ScriptedPolicy(OracleAgent(task, d), tok,
+                                                                        summary=summary))
+        r_good = oracle.run(task, d, group_id="g", rollout_id="oracle")
+        null = TokenAgent(engine, tok, acfg, env_cfg, ScriptedPolicy(null_agent, tok))
+        r_null = null.run(task, d, group_id="g", rollout_id="null")
+    finally:
+        engine.stop()
+    assert r_good.error is None and r_null.error is None, (r_good.error, r_null.error)
+    assert r_good.reward["resolved"] == 1.0 and r_null.reward["resolved"] == 0.0
+    assert len(r_good.segments) >= 2 and r_good.segments[0].end_reason == END_SUMMARIZED
+    k = len(r_good.segments)
+    seq_len = -(-max(len(s) for r in (r_good, r_null) for s in r.segments) // 64) * 64
+    batch = make_batch([r_good, r_null], seq_len=seq_len)
+    assert batch["rewards"].tolist() == pytest.approx([r_good.total_reward] * k + [r_null.total_reward])
+    assert batch["sample_weight"].tolist() == pytest.approx([1 / k] * k + [1.0])
+    cfg = Config(model=mcfg, rl=RLConfig(loss_normalizer=256.0),
+                 train=TrainConfig(lr=1e-2, warmup_steps=0, schedule="constant", weight_decay=0.0))
+    fns, state = build_rl_step(model, cfg)
+    before = _logp(fns.merge(state.params, state.buffers), batch)
+    state, m = fns.rl_step(state, batch)
+    mean = (r_good.total_reward + r_null.total_reward) / 2
+    assert float(m["reward_mean"]) == pytest.approx(mean, rel=1e-5)
+    assert float(m["resolved_rate"]) == pytest.approx(0.5)
+    assert float(m["update_skipped"]) == 0.0 and float(m["grad_norm"]) > 0
+    assert float(m["tokens"]) == batch["loss_mask"].sum() > 0
+    assert float(m["mismatch_abs"]) < 1e-3 and float(m["is_truncated_frac"]) == 0.0
+    after = _logp(fns.merge(state.params, state.buffers), batch)
+    gain = ((after - before) * batch["loss_mask"]).sum(-1)
+    assert (gain[:k] > 0).all() and gain[k] < 0       # resolving episode up, null episode down

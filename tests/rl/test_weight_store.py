@@ -90,6 +90,7 @@ def test_bitwise_round_trip_over_many_versions(tmp_path, transport, delta_codec)
     assert kinds == ["full"] + ["delta"] * 5 + ["full"] + ["delta"] * 5 + ["full", "delta"]
     # The fetched arrays of an older version are not touched by later fetches.
     old = store.fetch(store.latest())
+    assert not any(x.flags.writeable for x in old.values())
     snap = {k: v.copy() for k, v in old.items()}
     store.publish(14, _step(p, rng))
     store.fetch(14)

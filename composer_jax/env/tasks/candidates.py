@@ -14,8 +14,8 @@ import pathlib
 import random
 from typing import Callable
 
-from composer_jax.env.tasks import mutate, statements
-from composer_jax.env.tasks.sources import ModuleSource
+from composer_jax.env.tasks import large_feature, mutate, refactor, statements
+from composer_jax.env.tasks.sources import ModuleSource, package_texts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,20 +60,27 @@ def _digest(*parts: str) -> str:
 
 
 def _make(kind: str, cid_tail: str, base: Baseline, before_text: str, after_text: str,
-          statement, mutations: tuple, source_version: str | None = None) -> Candidate:
+          statement, mutations: tuple, source_version: str | None = None,
+          tests: dict | None = None, extra_passing: frozenset = frozenset()) -> Candidate:
     """A candidate over `base`'s module: `before_text` is what the agent gets, `after_text` the fix.
 
     `statement(module_file, test_label, f2p, messages)` writes the problem statement. Package
-    candidates take the package's version as source and test version."""
+    candidates take the package's version as source and test version. `tests` replaces test files
+    (before and after: refactors update the tests), `extra_passing` adds test ids that pass after
+    the fix (tests that the update adds)."""
     src = base.source
     pkg = src.package
     label = src.test_label
+    before, after = src.files(before_text), src.files(after_text)
+    if tests:
+        before.update(tests)
+        after.update(tests)
     return Candidate(
         cid=f"{kind}-{cid_tail}-{src.module}" if kind == "migration" else
         f"{kind}-{src.version}-{src.module}-{cid_tail}",
         kind=kind, python_version=src.version, module=src.module,
-        before=src.files(before_text), after=src.files(after_text),
-        after_passing=base.passing,
+        before=before, after=after,
+        after_passing=base.passing | extra_passing,
         source_version=source_version or (pkg.version if pkg else src.version),
         test_version=pkg.version if pkg else src.version,
         statement=lambda f2p, msgs: statement(src.module_file, label, f2p, msgs),
@@ -147,6 +154,58 @@ def feature_candidates(base: Baseline, rng: random.Random):
         yield _make("feature", _digest(qual), base, new, text,
                     lambda mf, tl, f2p, msgs, q=qual, d=doc: statements.feature_statement(mf, q, d, tl),
                     (f"feature_deletion of {qual} (lines {first}-{last})",))
+
+
+def _test_texts(src: ModuleSource) -> dict[str, str]:
+    """The source's test files (workspace path -> text)."""
+    if src.package:
+        texts = package_texts(src.package)
+        return {r: texts[r] for r in src.test_files if r.endswith(".py")}
+    return {src.test_files[0]: pathlib.Path(src.test_path).read_text(encoding="utf-8")}
+
+
+def _dotted(rel: str) -> str:
+    parts = rel[:-3].split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def refactor_candidates(base: Baseline, rng: random.Random):
+    """Yields rename candidates (`refactor.py`) in random order."""
+    src = base.source
+    text = pathlib.Path(src.module_path).read_text(encoding="utf-8")
+    tests = _test_texts(src)
+    for site in refactor.rename_sites(text, tests, src.module, rng):
+        done = refactor.apply_rename(text, tests, src.module, site)
+        if done is None:
+            continue
+        new_text, new_tests, api_file = done
+        api = frozenset(f"{_dotted(api_file)}.{refactor.API_TEST_CLASS}.{t}"
+                        for t in ("test_new_name_exists", "test_old_name_removed"))
+        changed = {r: t for r, t in new_tests.items() if t != tests[r]}
+        yield _make("refactor", _digest(site.qualname, site.new), base, text, new_text,
+                    lambda mf, tl, f2p, msgs, s=site: statements.refactor_statement(
+                        mf, s.kind, s.qualname, s.new_qualname, tl),
+                    (f"rename {site.kind} {site.qualname} -> {site.new_qualname}",),
+                    tests=changed, extra_passing=api)
+
+
+def large_feature_candidates(base: Baseline, rng: random.Random, min_lines: int):
+    """Yields large-feature candidates (`large_feature.py`) in random order."""
+    src = base.source
+    text = pathlib.Path(src.module_path).read_text(encoding="utf-8")
+    sites = large_feature.large_sites(text, min_lines)
+    rng.shuffle(sites)
+    for site in sites:
+        new = large_feature.apply_stubs(text, site)
+        try:
+            ast.parse(new)
+        except SyntaxError:
+            continue
+        stubs = tuple((s.qualname, s.doc) for s in site.stubs)
+        yield _make("large_feature", _digest(*site.qualnames), base, new, text,
+                    lambda mf, tl, f2p, msgs, st=site, sb=stubs:
+                    statements.large_feature_statement(mf, st.label, sb, tl),
+                    (f"large_feature_deletion of {site.label} ({site.lines} lines)",))
 
 
 def migration_candidate(old: ModuleSource, new_base: Baseline, max_lines: int) -> Candidate | None:

@@ -1,7 +1,8 @@
 """The task pool on disk: one directory per task, a manifest, and a log of processed candidates.
 
   POOL/tasks/<task_id>/{task.json, snapshot/, solution/}
-  POOL/manifest.json      {"num_tasks", "kinds", "versions", "sources", "tasks": [summary...]}
+  POOL/manifest.json      {"num_tasks", "kinds", "versions", "sources", "median_lines_changed"
+                          (kind -> median), "tasks": [summary... with "lines_changed"]}
                           (atomic writes; sources counts "stdlib" and each "package==version")
   POOL/candidates.jsonl   one line per processed candidate (accepted or why rejected), so that an
                           interrupted generation resumes without redoing work
@@ -14,6 +15,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import tempfile
 import threading
 
@@ -94,6 +96,9 @@ class TaskPool:
             "kinds": dict(sorted(collections.Counter(t.kind for t in tasks).items())),
             "versions": dict(sorted(collections.Counter(t.python_version for t in tasks).items())),
             "sources": dict(sorted(collections.Counter(t.source for t in tasks).items())),
+            "median_lines_changed": {k: statistics.median(t.lines_changed for t in tasks
+                                                          if t.kind == k)
+                                     for k in sorted({t.kind for t in tasks})},
             "tasks": [{"task_id": t.task_id, "kind": t.kind, "python_version": t.python_version,
                        "module": t.module, "source": t.source, "split": t.split,
                        "lines_changed": t.lines_changed,

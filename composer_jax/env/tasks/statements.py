@@ -41,3 +41,23 @@ def migration_statement(module_file: str, old: str, new: str, test_file: str, f2
     return (f"{module_file} here is the Python {old} version, but {test_file} comes from Python {new} "
             f"and fails: {_tests(f2p)}. Update {module_file} so the new tests pass (run them with "
             f"`python -m unittest {test_file[:-3]}`).")
+
+
+def refactor_statement(module_file: str, kind: str, old: str, new: str, test_file: str) -> str:
+    what = {"class": "class", "function": "function", "method": "method"}[kind]
+    return (f"Refactor: rename the {what} `{old}` in {module_file} to `{new}` and update every use "
+            f"of it in {module_file}. Behaviour must not change. {test_file} already uses the new "
+            f"name (and checks that the old one is gone); don't keep an alias and don't edit the "
+            f"tests.")
+
+
+def large_feature_statement(module_file: str, label: str, stubs, test_file: str) -> str:
+    hints = []
+    for qual, doc in stubs:
+        first = (doc or "").strip().splitlines()
+        if first:
+            hints.append(f"`{qual}`: {first[0][:100]}")
+    hint = (" Docstrings: " + "; ".join(hints[:6]) + ".") if hints else ""
+    return (f"The implementation of {label} in {module_file} is missing: every body raises "
+            f"NotImplementedError (signatures and docstrings are still there).{hint} Implement "
+            f"them so that the tests in {test_file} pass.")

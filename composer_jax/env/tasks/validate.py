@@ -8,7 +8,10 @@ task only if, in the sandbox:
   3. two targeted runs on `after` pass all of them, each within `max_task_test_seconds` of test
      time (cheap grading keeps RL rollouts fast).
 So failing tests fail twice before and pass twice after; any disagreement (flakiness) rejects.
-PASS_TO_PASS = after-passing tests that also pass before, in the test classes FAIL_TO_PASS touches.
+PASS_TO_PASS = every after-passing test of the run's test modules that also passes before (so a
+regression anywhere in the touched test modules costs the reward): those in the test classes
+FAIL_TO_PASS touches first, then the rest, up to `max_pass_to_pass`; when all of them together
+exceed the test-time budget `max_task_test_seconds`, only the FAIL_TO_PASS classes' tests are kept.
 """
 from __future__ import annotations
 
@@ -108,10 +111,23 @@ class Verdict:
     messages: dict = dataclasses.field(default_factory=dict)
 
 
+def pass_to_pass(after_passing, full: TestRun, f2p, limit: int) -> tuple[tuple, tuple]:
+    """(every after-passing test that passes in `full`, F2P classes first, up to `limit`; only
+    those in the F2P classes)."""
+    classes = {t.rsplit(".", 1)[0] for t in f2p}
+    ok = sorted(t for t in after_passing if full.passed(t))
+    near = [t for t in ok if t.rsplit(".", 1)[0] in classes]
+    far = [t for t in ok if t.rsplit(".", 1)[0] not in classes]
+    return tuple(sorted((near + far)[:limit])), tuple(sorted(near[:limit]))
+
+
 def check_candidate(sx: Scratch, test_names, before: dict[str, str], after: dict[str, str],
-                    after_passing: frozenset[str], cfg: EnvConfig) -> Verdict:
+                    after_passing: frozenset[str], cfg: EnvConfig,
+                    max_fail_to_pass: int | None = None) -> Verdict:
     """Runs the protocol in the module docstring; `test_names` (test modules or classes) make the
-    full run; `sx` is reused (synced to `before`, then `after`)."""
+    full run; `sx` is reused (synced to `before`, then `after`). `max_fail_to_pass` defaults to
+    `cfg.max_fail_to_pass`."""
+    cap = max_fail_to_pass or cfg.max_fail_to_pass
     sx.sync(before)
     full = sx.run(list(test_names))
     if not full.ok:
@@ -119,20 +135,29 @@ def check_candidate(sx: Scratch, test_names, before: dict[str, str], after: dict
     f2p = tuple(sorted(t for t in after_passing if not full.passed(t)))
     if not f2p:
         return Verdict(False, "no test fails before the fix")
-    if len(f2p) > cfg.max_fail_to_pass:
+    if len(f2p) > cap:
         return Verdict(False, f"{len(f2p)} failing tests > max_fail_to_pass")
-    classes = {t.rsplit(".", 1)[0] for t in f2p}
-    p2p = tuple(sorted(t for t in after_passing if full.passed(t)
-                       and t.rsplit(".", 1)[0] in classes)[:cfg.max_pass_to_pass])
-    ids = list(f2p + p2p)
-    again = sx.run(ids)
-    if not again.ok or any(again.passed(t) for t in f2p) or not all(again.passed(t) for t in p2p):
-        return Verdict(False, "flaky: second before-run disagrees")
-    sx.sync(after)
-    for _ in range(2):
-        post = sx.run(ids)
-        if not post.ok or not all(post.passed(t) for t in ids):
-            return Verdict(False, "not all tests pass after the reference fix")
-        if post.test_seconds > cfg.max_task_test_seconds:
-            return Verdict(False, f"task tests too slow: {post.test_seconds:.2f}s")
-    return Verdict(True, "ok", f2p, p2p, {t: full.messages.get(t, "") for t in f2p})
+    wide, narrow = pass_to_pass(after_passing, full, f2p, cfg.max_pass_to_pass)
+    options = [wide] if wide == narrow else [wide, narrow]
+    reason = ""
+    for p2p in options:
+        ids = list(f2p + p2p)
+        again = sx.run(ids)
+        if not again.ok or any(again.passed(t) for t in f2p) or \
+                not all(again.passed(t) for t in p2p):
+            return Verdict(False, "flaky: second before-run disagrees")
+        if again.test_seconds > cfg.max_task_test_seconds and p2p is not options[-1]:
+            continue  # too slow with every test: keep the F2P classes' tests only
+        sx.sync(after)
+        reason = ""
+        for _ in range(2):
+            post = sx.run(ids)
+            if not post.ok or not all(post.passed(t) for t in ids):
+                return Verdict(False, "not all tests pass after the reference fix")
+            if post.test_seconds > cfg.max_task_test_seconds:
+                reason = f"task tests too slow: {post.test_seconds:.2f}s"
+                break
+        if not reason:
+            return Verdict(True, "ok", f2p, p2p, {t: full.messages.get(t, "") for t in f2p})
+        sx.sync(before)
+    return Verdict(False, reason or "task tests too slow")

@@ -364,7 +364,8 @@ class WeightReader:
 
     def fetch(self, version: int | None = None) -> dict[str, np.ndarray]:
         """{name: array} of `version` (None = latest), bit for bit as published, in the shipped
-        dtypes. The arrays are not modified by later fetches."""
+        dtypes. The arrays are read-only and never modified by later fetches (unchanged tensors
+        are shared between versions)."""
         for attempt in range(3):
             versions = self.t.committed_versions()
             if not versions:
@@ -386,8 +387,9 @@ class WeightReader:
         return dict(self._arrays)
 
     def fetch_tree(self, version: int | None, like):
-        """The fetched version in the structure of the pytree `like` (names and shapes must
-        match; dtypes are the shipped ones)."""
+        """The fetched version in the structure of the pure pytree `like` (nested dicts/lists of
+        arrays; names must match; dtypes are the shipped ones). For an nnx.State use
+        engine_sync.fetch_state."""
         import jax
         flat = self.fetch(version)
         names = flatten(like)
@@ -449,6 +451,8 @@ class WeightReader:
                                   f"{part['base']}, the reader holds {part_version.get(p)}")
                 self._apply_part(part, arrays, fresh, sums)
                 part_version[p] = v
+            for name in fresh:
+                arrays[name].flags.writeable = False
             if all(p in part_version for p in range(rec["parts"])):
                 self._verify_tensors(rec, sums, v)
         self._pending_sums = sums
@@ -464,17 +468,20 @@ class WeightReader:
         delta = part["kind"] == "delta"
         for name, t in part["tensors"].items():
             shape, dtype = tuple(t["shape"]), _np_dtype(t["dtype"])
-            if name not in fresh:
-                if delta:
-                    if name not in arrays:
-                        raise _Broken(f"tensor {name} is missing from the reader's base")
-                    arrays[name] = arrays[name].copy()      # never mutate returned arrays
-                elif name not in arrays or arrays[name].shape != shape or arrays[name].dtype != dtype:
-                    arrays[name] = np.zeros(shape, dtype)
-                else:
-                    arrays[name] = arrays[name].copy()
+            if delta and name not in arrays:
+                raise _Broken(f"tensor {name} is missing from the reader's base")
+            if not delta and name not in fresh and (
+                    name not in arrays or arrays[name].shape != shape or arrays[name].dtype != dtype):
+                arrays[name] = np.zeros(shape, dtype)
                 fresh.add(name)
-            bits_all = codec.bits_view(arrays[name])
+
+            def writable(name=name):
+                # Copy on first write in this version: arrays handed out earlier never change,
+                # and unchanged tensors are shared between versions (read-only).
+                if name not in fresh:
+                    arrays[name] = arrays[name].copy()
+                    fresh.add(name)
+                return codec.bits_view(arrays[name])
             for sh in t["shards"]:
                 index = tuple(tuple(p) for p in sh["index"])
                 region = tuple(slice(a, b) for a, b in index)
@@ -488,18 +495,19 @@ class WeightReader:
                         raise CorruptWeightsError(f"{what}: stored as unchanged but its checksum "
                                                   f"differs from the previous version's")
                     continue
+                bits_dtype = codec.bits_view(arrays[name]).dtype
                 if delta:
-                    flat = np.array(bits_all[region]).reshape(-1)
+                    flat = np.array(codec.bits_view(arrays[name])[region]).reshape(-1)
                     for ckey, s, e, _ in chunks:
                         flat[s:e] = codec.apply_delta(self._get(ckey), flat[s:e],
                                                       DeltaCodec(part["codec"]), what=ckey)
                 else:
-                    flat = self.t.read_full(sh["loc"], sshape, bits_all.dtype, index=index,
+                    flat = self.t.read_full(sh["loc"], sshape, bits_dtype, index=index,
                                             pool=self._pool)
                 if codec.checksum(flat) != sh["checksum"]:
                     raise CorruptWeightsError(f"{what}: checksum mismatch (stored chunks are "
                                               f"corrupt); fetch another version or republish")
-                bits_all[region] = flat.reshape(sshape)
+                writable()[region] = flat.reshape(sshape)
                 sums[key] = sh["checksum"]
 
     @staticmethod
@@ -525,11 +533,13 @@ class _Gone(Exception):
 
 
 class WeightStore:
-    """One publisher and one reader over a transport: the stable `publish / fetch / latest`."""
+    """One publisher and one reader over a transport: the stable `publish / fetch / latest`.
+    `reader_name` registers the reader for garbage collection (unique per reader process);
+    publisher keywords (process_index, process_count, barrier) go to WeightPublisher."""
 
     def __init__(self, transport: Transport | None = None,
-                 settings: WeightSyncSettings = WeightSyncSettings(), *, reader_name: str | None =
-                 "default", **publisher_kw):
+                 settings: WeightSyncSettings = WeightSyncSettings(), *, reader_name: str | None = None,
+                 **publisher_kw):
         from composer_jax.rl.weights.transport import MemoryTransport
         self.transport = transport if transport is not None else MemoryTransport()
         self.settings = settings

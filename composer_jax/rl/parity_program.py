@@ -1,0 +1,182 @@
+"""The RL program of `rl.tasks=parity`: the known-optimum task family (`rl/toy_tasks.py`) run
+through the real pieces: the engine service (sessions, futures, in-flight `swap_weights`, router
+capture), exact `Rollout` records, the weight store (`rl/weights`, delta-compressed versions) and
+the pure `rl_step` (`rl/step.py`, Dr.GRPO with truncated IS).
+
+Sides (see `rl/program.py`):
+- env side (JAX-free): task -> prompt ids (the toy tokenizer), one `generate` call to the policy
+  server, the rule grade (`toy_tasks.grade`) -> `Rollout` (`toy_tasks.rollout_from_completion`).
+- inference side: a `tiny` MoE policy in an `Engine` started as a background service; `load`
+  applies a weight-store version in flight.
+- trainer side: `build_rl_step` on the same initial weights; `make_batch` of the B·G rollouts.
+
+Built from the run's resolved config (`config.to_dict`), so every process rebuilds the same program.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import types
+
+import numpy as np
+
+from composer_jax.data import special_tokens as st
+from composer_jax.rl import toy_tasks as tt
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(vocab_size: int):
+    return tt.toy_tokenizer(vocab_size)
+
+
+def _config(cfg_dict: dict):
+    from composer_jax.config import Config, from_dict
+    return from_dict(Config, cfg_dict)
+
+
+class ParityProgram:
+    def __init__(self, config: dict):
+        self.cfg_dict = config
+        self.cfg = _config(config)
+        rl = self.cfg.rl
+        self._train = tt.make_tasks(rl.num_train_tasks, self.cfg.seed, "train")
+        self._eval = tt.make_tasks(rl.num_eval_tasks, self.cfg.seed, "eval")
+        self._tasks = {t.task_id: t for t in self._train + self._eval}
+
+    # ---------------------------------------------------------------- env side (no JAX)
+
+    def train_tasks(self) -> list[str]:
+        return [t.task_id for t in self._train]
+
+    def eval_tasks(self) -> list[str]:
+        return [t.task_id for t in self._eval]
+
+    def run_episode(self, task_id: str, seed: int, policy, *, greedy: bool):
+        rl = self.cfg.rl
+        task = self._tasks[task_id]
+        tok = _tokenizer(self.cfg.model.vocab_size)
+        ids = tt.prompt_ids(tok, task)
+        params = {"temperature": 0.0 if greedy else rl.temperature,
+                  "max_new_tokens": rl.max_new_tokens,
+                  "stop_tokens": (tok.token_to_id(st.IM_END),), "seed": seed}
+        c = policy.call("generate", ids, params)
+        return tt.rollout_from_completion(task, "", ids, types.SimpleNamespace(**c), tok)
+
+    # ---------------------------------------------------------------- inference side
+
+    def make_policy(self):
+        return ParityPolicy(self.cfg)
+
+    # ---------------------------------------------------------------- trainer side
+
+    def make_learner(self):
+        return ParityLearner(self.cfg)
+
+
+class ParityPolicy:
+    """The engine as a policy server; `rpc("generate", ids, params)` -> completion fields."""
+
+    def __init__(self, cfg):
+        from composer_jax.inference.config import EngineConfig
+        from composer_jax.inference.engine import Engine
+        from composer_jax.model import init_model
+        rl = cfg.rl
+        model = init_model(cfg.model, cfg.seed)
+        rows = max(rl.num_rollout_workers, 1)
+        self.engine = Engine.from_model(model, EngineConfig(
+            max_batch=rows, max_len=rl.seq_len, capture_router=rl.router_replay,
+            prefill_batch=rows, seed=cfg.seed), version=-1).start()
+        self.version = -1
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._busy_since = None
+        self.busy_s = 0.0
+        self.t0 = time.monotonic()
+
+    def load(self, weights, version: int) -> None:
+        raise NotImplementedError("ParityPolicy loads through load_from(store, version)")
+
+    def load_from(self, store, version: int) -> None:
+        from composer_jax.rl.weights.engine_sync import fetch_state
+        state, version = fetch_state(store.reader, version, self.engine.state)
+        self.engine.swap_weights(state, version)    # applied between decode steps
+        self.version = version
+
+    def _enter(self):
+        with self._lock:
+            if self._inflight == 0:
+                self._busy_since = time.monotonic()
+            self._inflight += 1
+
+    def _exit(self):
+        with self._lock:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self.busy_s += time.monotonic() - self._busy_since
+
+    def rpc(self, method: str, args: tuple, kwargs: dict):
+        if method != "generate":
+            raise ValueError(f"ParityPolicy has no method {method!r}")
+        from composer_jax.inference.sampling import SamplingParams
+        ids, params = args
+        self._enter()
+        try:
+            c = self.engine.request(ids, SamplingParams(**params)).result()
+        finally:
+            self._exit()
+        return {"tokens": list(c.tokens), "logprobs": list(c.logprobs),
+                "raw_logprobs": list(c.raw_logprobs), "versions": list(c.versions),
+                "router_indices": [np.asarray(r) for r in c.router_indices],
+                "prompt_router_indices": (None if c.prompt_router_indices is None
+                                          else np.asarray(c.prompt_router_indices)),
+                "finish_reason": c.finish_reason}
+
+    def stats(self) -> dict:
+        wall = time.monotonic() - self.t0
+        return {"engine_busy_s": self.busy_s, "engine_idle_frac": 1 - self.busy_s / max(wall, 1e-9)}
+
+    def close(self) -> None:
+        self.engine.stop(timeout=30)
+
+
+class ParityLearner:
+    """`rl_step` on batches of B·G parity rollouts."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self._fns = self._state = None
+
+    def _build(self):
+        if self._fns is None:
+            from composer_jax.model import init_model
+            from composer_jax.rl.step import build_rl_step
+            model = init_model(self.cfg.model, self.cfg.seed)
+            self._fns, self._state = build_rl_step(model, self.cfg)
+        return self._fns
+
+    def init_state(self):
+        self._build()
+        return self._state
+
+    def state_template(self):
+        return self.init_state()
+
+    def step(self, state, groups):
+        import jax
+        from composer_jax.rl.batch import make_batch
+        fns = self._build()
+        rollouts = [r for g in groups for r in g]
+        batch = make_batch(rollouts, seq_len=self.cfg.rl.seq_len,
+                           batch_size=self.cfg.rl.batch_groups * self.cfg.rl.group_size,
+                           router_replay=self.cfg.rl.router_replay)
+        state, metrics = fns.rl_step(state, batch)
+        return state, {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def weights(self, state):
+        from composer_jax.rl.weights.engine_sync import publishable
+        return publishable(state.params, state.buffers)
+
+
+def make(config: dict) -> ParityProgram:
+    return ParityProgram(config)

@@ -1,0 +1,70 @@
+"""PNG plots of an RL run, from WORKDIR/metrics.jsonl and the driver's summary:
+
+  plots/reward.png       reward_mean (training episodes) and eval_resolved_rate vs version
+  plots/staleness.png    histogram of rollout staleness (trainer version - sampling version)
+  plots/throughput.png   rollouts/s and trained tokens/s vs version, trainer idle fraction
+"""
+from __future__ import annotations
+
+import pathlib
+
+
+def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from composer_jax.runlog import metric_series, read_metrics
+
+    workdir = pathlib.Path(workdir)
+    out = workdir / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = read_metrics(workdir)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("reward_mean", "train reward_mean"), ("resolved_rate", "train resolved"),
+                       ("eval_resolved_rate", "eval resolved (held-out)")):
+        x, y = metric_series(rows, key)
+        if x:
+            ax.plot(x, y, marker="o" if key.startswith("eval") else None, label=label)
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("reward / rate")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    paths.append(_save(fig, out / "reward.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    hist = {int(k): v for k, v in summary.get("staleness_hist", {}).items()}
+    if hist:
+        ks = sorted(hist)
+        ax.bar(ks, [hist[k] for k in ks])
+    ax.set_xlabel("staleness (trainer version - sampling version)")
+    ax.set_ylabel("rollouts")
+    paths.append(_save(fig, out / "staleness.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in ("rollouts_per_sec", "trained_tokens_per_sec"):
+        x, y = metric_series(rows, key)
+        if x:
+            ax.plot(x, y, label=key)
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("per second")
+    ax.grid(alpha=0.3)
+    ax2 = ax.twinx()
+    x, y = metric_series(rows, "trainer_idle_frac")
+    if x:
+        ax2.plot(x, y, color="gray", linestyle="--", label="trainer_idle_frac")
+        ax2.set_ylim(0, 1)
+        ax2.set_ylabel("trainer idle fraction")
+    ax.legend(loc="upper left")
+    paths.append(_save(fig, out / "throughput.png"))
+    return paths
+
+
+def _save(fig, path: pathlib.Path) -> pathlib.Path:
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
