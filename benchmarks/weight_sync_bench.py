@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import pathlib
 import statistics
@@ -43,7 +44,6 @@ from composer_jax.rl.weights.store import flatten  # noqa: E402
 from composer_jax.train.step import build  # noqa: E402
 
 RUNS = [("adamw", 1e-6), ("muon", 1e-6), ("adamw", 1e-5), ("muon", 1e-5)]
-NEVER = 10 ** 6          # measure a delta at every version; snapshots amortised analytically
 
 
 def _host(tree):
@@ -73,7 +73,7 @@ def run_one(opt: str, lr: float, warm_model, batches, args) -> dict:
                  train=TrainConfig(steps=10_000, lr=lr, warmup_steps=0, schedule=Schedule.CONSTANT,
                                    optimizer=Optimizer(opt), grad_clip=1.0))
     fns, state = build(warm_model(), cfg)
-    settings = WeightSyncSettings(full_snapshot_every=NEVER, threads=args.threads)
+    settings = WeightSyncSettings(full_snapshot_every=args.snapshot_every, threads=args.threads)
     store = WeightStore(MemoryTransport(), settings, reader_name=None)
     xor_store = WeightStore(MemoryTransport(), dataclasses.replace(settings, codec="xor"),
                             reader_name=None)
@@ -97,7 +97,7 @@ def run_one(opt: str, lr: float, warm_model, batches, args) -> dict:
                                    want[k].reshape(-1).view(np.uint8)) for k in want)
         assert exact, f"version {v} of {opt}@{lr} is not bit-exact"
         rows.append(dict(v=v, changed=st.changed_fraction, bytes=st.bytes, xor_bytes=xs.bytes,
-                         raw=st.raw_bytes, ratio=st.ratio, enc=st.seconds, dec=dec_s,
+                         stored=st.stored_bytes, raw=st.raw_bytes, ratio=st.ratio, enc=st.seconds, dec=dec_s,
                          loss=float(metrics["loss"]), kind=st.kind))
     # Full snapshot cost (zstd of the whole bf16 copy) for the amortised ratio and as a reference.
     snap = WeightStore(MemoryTransport(), settings, reader_name=None)
@@ -109,11 +109,9 @@ def run_one(opt: str, lr: float, warm_model, batches, args) -> dict:
                 snapshot_enc=fs.seconds, snapshot_dec=snap_dec, raw=s0.raw_bytes)
 
 
-def amortised_ratio(r: dict, k: int) -> float:
-    """Full size / mean bytes per version with a full snapshot every k versions."""
-    deltas = [x["bytes"] for x in r["rows"]]
-    per_cycle = r["snapshot_bytes"] + statistics.mean(deltas) * (k - 1)
-    return r["raw"] * k / per_cycle
+def stored_ratio(r: dict) -> float:
+    """Full size x versions / everything stored (deltas + the scheduled snapshots)."""
+    return sum(x["raw"] for x in r["rows"]) / sum(x["stored"] for x in r["rows"])
 
 
 def main():
@@ -126,8 +124,16 @@ def main():
     ap.add_argument("--snapshot_every", type=int, default=10)
     ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" /
                                          "weight_sync_bench.txt"))
+    ap.add_argument("--raw_json", default="", help="also dump the raw per-version numbers here")
+    ap.add_argument("--from_json", default="", help="only re-render a --raw_json dump")
     args = ap.parse_args()
     t_start = time.time()
+    if args.from_json:
+        dump = json.loads(pathlib.Path(args.from_json).read_text())
+        text = render(dump["results"], args, dump["meta"])
+        print(text)
+        pathlib.Path(args.out).write_text(text + "\n")
+        return
 
     dcfg = DataConfig(vocab_size=4096, seq_len=args.seq, global_batch_size=args.batch)
     corpus = data.build_or_load_corpus(dcfg)
@@ -161,9 +167,20 @@ def main():
         print(f"{opt}@{lr:g}: changed {statistics.mean(x['changed'] for x in rs):.4%}, ratio "
               f"median {statistics.median(x['ratio'] for x in rs):.1f}x", flush=True)
 
+    meta = dict(loss0=loss0, warm_loss=warm_loss, wall=time.time() - t_start,
+                n_params=sum(int(np.prod(np.shape(x))) for x in flatten(state.params).values()))
+    if args.raw_json:
+        pathlib.Path(args.raw_json).write_text(json.dumps({"results": results, "meta": meta}))
+    text = render(results, args, meta)
+    print(text)
+    pathlib.Path(args.out).write_text(text + "\n")
+
+
+def render(results: list[dict], args, meta: dict) -> str:
+    """The results file's text."""
+    loss0, warm_loss, n_params = meta["loss0"], meta["warm_loss"], meta["n_params"]
     k = args.snapshot_every
     raw = results[0]["raw"]
-    n_params = sum(int(np.prod(np.shape(x))) for x in flatten(state.params).values())
     lines = [
         "Weight sync: lossless bf16 deltas between RL steps (benchmarks/weight_sync_bench.py)",
         f"model: small ({n_params:,} parameters, fp32 master; inference copy bf16 = {raw:,} bytes, "
@@ -178,7 +195,7 @@ def main():
         "",
         "Summary (per-version medians over the run; ratio = full bf16 size / bytes sent)",
         f"{'run':<14}{'changed':>9}{'delta KiB':>11}{'ratio':>8}{'min':>8}{'xor':>8}"
-        f"{'K=' + str(k) + ' amort.':>12}{'enc ms':>9}{'dec ms':>9}{'copy ms':>9}"
+        f"{'stored':>9}{'enc ms':>9}{'dec ms':>9}{'copy ms':>9}"
         f"{'snap enc':>10}{'snap dec':>10}",
     ]
     for r in results:
@@ -188,13 +205,16 @@ def main():
             f"{r['opt'] + '@' + format(r['lr'], 'g'):<14}{med(lambda x: x['changed']):>9.3%}"
             f"{med(lambda x: x['bytes']) / 1024:>11.1f}{med(lambda x: x['ratio']):>7.1f}x"
             f"{min(x['ratio'] for x in rs):>7.1f}x{med(lambda x: x['raw'] / x['xor_bytes']):>7.1f}x"
-            f"{amortised_ratio(r, k):>11.1f}x{med(lambda x: x['enc']) * 1e3:>9.1f}"
+            f"{stored_ratio(r):>8.1f}x{med(lambda x: x['enc']) * 1e3:>9.1f}"
             f"{med(lambda x: x['dec']) * 1e3:>9.1f}{r['full_copy_s'] * 1e3:>9.1f}"
             f"{r['snapshot_enc'] * 1e3:>10.1f}{r['snapshot_dec'] * 1e3:>10.1f}")
     lines += ["", f"full snapshot (zstd of the bf16 copy): {results[-1]['snapshot_bytes']:,} bytes "
               f"= {raw / results[-1]['snapshot_bytes']:.2f}x; 'copy' = a plain host copy of the full "
               f"bf16 weights; enc = publish (cast, diff, compress, checksum), dec = fetch by a reader "
-              f"holding the previous version (decompress, apply, checksum)", "",
+              f"holding the previous version (decompress, apply, checksum)",
+              f"snapshots every {k} versions (rl.full_snapshot_every) carry the delta alongside, so "
+              f"readers that are up to date always fetch only the delta (the ratio columns); "
+              f"'stored' = full size / everything written incl. snapshots (late joiners, GC)", "",
               "Per version, side by side: changed fraction / ratio"]
     head = f"{'v':>3}" + "".join(f"{r['opt'] + '@' + format(r['lr'], 'g'):>22}" for r in results)
     lines.append(head)
@@ -203,13 +223,11 @@ def main():
                         for r in results)
         lines.append(f"{i + 1:>3}{cells}")
     lines.append("")
-    lines.append("loss per version (sanity: tiny lrs barely move it): " + "; ".join(
+    lines.append("train loss of the first -> last version's batch (a different real batch every step): " + "; ".join(
         f"{r['opt']}@{r['lr']:g} {r['rows'][0]['loss']:.4f} -> {r['rows'][-1]['loss']:.4f}"
         for r in results))
-    lines.append(f"devices: {jax.devices()}; cpus: {os.cpu_count()}; wall {time.time() - t_start:.0f} s")
-    text = "\n".join(lines)
-    print(text)
-    pathlib.Path(args.out).write_text(text + "\n")
+    lines.append(f"devices: {jax.devices()}; cpus: {os.cpu_count()}; wall {meta['wall']:.0f} s")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

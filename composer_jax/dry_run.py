@@ -2,7 +2,7 @@
 
 Counts parameters through `jax.eval_shape`, computes FLOPs per token from the config, then
 AOT-compiles the sharded train step on the (virtual) mesh from abstract parameters
-(composer_jax.parallel.plan, run in a subprocess that sees `mesh.num_devices` fake CPU devices)
+(composer_jax.train.plan, run in a subprocess that sees `mesh.num_devices` fake CPU devices)
 and writes WORKDIR/dry_run.json with the keys DESIGN.md fixes (params_total, params_active,
 flops_per_token, mesh, per_device_bytes{params, optimizer, activations, total}) plus the bytes the
 step's collectives move (`collective_bytes_per_step`, biggest sources in `largest_collectives`),
@@ -34,7 +34,7 @@ def _gb(n):
 def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     import jax
 
-    from composer_jax.parallel.plan import run_in_subprocess
+    from composer_jax.train.plan import run_in_subprocess
 
     total, active = count_params(cfg.model)
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
@@ -58,6 +58,7 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
         "global_batch_size": cfg.data.global_batch_size,
         "microbatches": cfg.train.microbatches,
         "optimizer": plan["optimizer"],
+        "master_dtype": plan["master_dtype"],
         "mesh": plan["mesh"],
         "rules": plan["rules"],
         "per_device_bytes": plan["per_device_bytes"],

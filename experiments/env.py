@@ -4,6 +4,7 @@
                      the CPython stdlibs and the packages in env.package_sources
   env_generate_eval  the same from the held-out modules only (evaluation tasks)
   env_check          run the oracle and null agents over the pool; write WORKDIR/env_check.json
+                     (with per-kind counts and median lines_changed)
 
 Override with e.g. `--set env.num_tasks=300 --set env.python_versions=3.12,3.13`.
 No JAX is imported by these experiments.
@@ -65,7 +66,9 @@ def _check(cfg: Config, workdir: pathlib.Path) -> dict:
         _generate(cfg, workdir)
     summary = check_pool(cfg.env, pool, workdir)
     print(json.dumps({k: summary[k] for k in ("num_tasks", "kinds", "sources", "oracle_resolved_rate",
-                                              "null_resolved_rate", "seconds")}))
+                                              "null_resolved_rate", "oracle_tampered",
+                                              "null_tampered", "median_lines_changed",
+                                              "seconds")}))
     return summary
 
 

@@ -32,7 +32,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> dict:
 
     suite = ensure_suite(cfg)
     e = cfg.eval
-    policy = make_policy(e.policy, max_new_tokens=e.max_new_tokens, temperature=e.temperature,
+    policy = make_policy(e.policy, cfg, max_new_tokens=e.max_new_tokens, temperature=e.temperature,
                          max_context=e.max_context, concurrency=e.concurrency, seed=cfg.seed)
     try:
         result = evaluate(cfg, policy, suite)
@@ -87,7 +87,10 @@ def _compare(cfg: Config, workdir: pathlib.Path) -> dict:
             raise ConfigError(f"eval.compare: {p} is not an eval.json (or a directory holding one)")
         r = json.loads(path.read_text())
         results.append(r)
-        names.append(r["policy"]["name"])
+        pol = r["policy"]
+        names.append(pol["name"] + (f"@{pol['step']}" if "step" in pol else ""))
+    if len(set(names)) < len(names):
+        names = [f"{n} ({i})" for i, n in enumerate(names)]
     paths = write_comparison(results, names, workdir)
     print(json.dumps({"compared": names, "reports": {k: str(v) for k, v in paths.items()}}))
     return {"names": names}

@@ -28,43 +28,21 @@ CODE_PROMPTS = [
 ]
 
 
-def load_training_run(run_dir: pathlib.Path):
-    """(model, tokenizer) from a training run's workdir: its config.json, tokenizer.json and the
-    newest readable Orbax checkpoint under checkpoints/."""
-    import json
-
-    from composer_jax.config import from_dict
-    from composer_jax.data.tokenizer import load_tokenizer
-    from composer_jax.errors import CheckpointError
-    from composer_jax.model import init_model
-    from composer_jax.train.checkpoint import Checkpointer
-    from composer_jax.train.step import build
-
-    run_cfg = from_dict(Config, json.loads((run_dir / "config.json").read_text()))
-    fns, state = build(init_model(run_cfg.model, run_cfg.seed), run_cfg)
-    ckpt = Checkpointer(run_dir / "checkpoints", run_cfg, 1, 1)
-    found = ckpt.restore_latest(state)
-    ckpt.close()
-    if found is None:
-        raise CheckpointError(f"{run_dir / 'checkpoints'} holds no checkpoint")
-    print(f"loaded {run_dir} at step {found[2]} ({run_cfg.model.name}, "
-          f"mtp_depth={run_cfg.model.mtp_depth})")
-    return fns.merge(found[0].params, found[0].buffers), load_tokenizer(run_dir / "tokenizer.json")
-
-
 def _load(cfg: Config):
-    """(model, tokenizer or None): a training run dir, an HF checkpoint dir, or a fresh model."""
-    from composer_jax.model import init_model
-    if cfg.train.init_from and (pathlib.Path(cfg.train.init_from) / "checkpoints").is_dir():
-        return load_training_run(pathlib.Path(cfg.train.init_from))
-    if cfg.train.init_from:
-        from composer_jax.model.hf import load_hf
-        model_cfg, model = load_hf(cfg.train.init_from)
-        print(f"loaded {cfg.train.init_from} ({model_cfg.name}, mtp_depth={model_cfg.mtp_depth})")
-        return model, None
-    print(f"fresh {cfg.model.name} model (seed {cfg.seed}); set train.init_from=HF_DIR or a "
-          f"training run's workdir to load one")
-    return init_model(cfg.model, cfg.seed), None
+    """(model, tokenizer or None) from train.init_from: a training run's workdir, an HF checkpoint
+    dir, or '' for a fresh model (`composer_jax.train.weights.load_weights`)."""
+    from composer_jax.data.tokenizer import load_tokenizer
+    from composer_jax.train.weights import load_weights
+    w = load_weights(cfg.train.init_from, cfg)
+    if w.kind == "fresh":
+        print(f"fresh {cfg.model.name} model (seed {cfg.seed}); set train.init_from=HF_DIR or a "
+              f"training run's workdir to load one")
+    else:
+        at = f" at step {w.step}" if w.step is not None else ""
+        print(f"loaded {cfg.train.init_from}{at} ({w.model_cfg.name}, "
+              f"mtp_depth={w.model_cfg.mtp_depth})")
+    tok = load_tokenizer(w.tokenizer_path) if w.tokenizer_path else None
+    return w.model(), tok
 
 
 def _run(cfg: Config, workdir: pathlib.Path) -> None:
@@ -73,7 +51,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
     import numpy as np
     from flax import nnx
 
-    from composer_jax.inference import EngineConfig, SamplingParams
+    from composer_jax.inference import SamplingParams
     from composer_jax.inference.timing import timed_generation, tokens_per_second
     from composer_jax.runlog import MetricsWriter
 
@@ -88,9 +66,10 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
                    for _ in range(NUM_PROMPTS)]
     params = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
                             seed=cfg.seed)
-    ecfg = EngineConfig(max_batch=NUM_PROMPTS,
-                        max_len=max(len(p) for p in prompts) + params.max_new_tokens + 1,
-                        seed=cfg.seed)
+    # the engine's knobs from `--set inference.*`; slots and context sized for these prompts
+    ecfg = dataclasses.replace(cfg.inference, max_batch=NUM_PROMPTS,
+                               max_len=max(len(p) for p in prompts) + params.max_new_tokens + 1,
+                               seed=cfg.seed)
     outs, secs, _ = timed_generation(graphdef, state, prompts, params, ecfg)
     tps = tokens_per_second(outs, secs)
     for p, c in zip(prompts, outs):

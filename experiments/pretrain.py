@@ -109,18 +109,16 @@ def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
     from composer_jax.inference import SamplingParams, generate
     from composer_jax.train.loop import train
 
-    last = train(cfg, workdir, kind="cpt")
-    shown = {k: round(v, 4) for k, v in last.items() if not k.startswith("_")}
+    result = train(cfg, workdir, kind="cpt")
+    shown = {k: round(v, 4) for k, v in result.metrics.items()}
     print(f"final metrics: {shown}")
-    if last.get("_interrupted"):
+    if result.interrupted:
         return                       # preempted: the checkpoint is saved, exit promptly
-    if "_fns" in last and jax.process_count() == 1:
-        tok = last["_tokenizer"]
+    if jax.process_count() == 1:
+        tok = result.tokenizer
         prompts = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n",
                    "class Stack:\n    def __init__(self):\n"]
-        # samples on one device: the trained weights gathered off the mesh
-        params, buffers = jax.device_get((last["_state"].params, last["_state"].buffers))
-        model = last["_fns"].merge(params, buffers)
+        model = result.model()       # samples on one device: the weights gathered off the mesh
         outs = generate(model, [tok.encode(p) for p in prompts],
                         SamplingParams(temperature=0.0, max_new_tokens=40))
         for p, c in zip(prompts, outs):
@@ -145,8 +143,8 @@ def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:
     tmp.replace(workdir / "config.json")
     if data.sft_source == SftSource.ENV_ORACLE:
         _build_env_samples(cfg)
-    last = train(cfg, workdir, kind="sft")
-    print({k: round(v, 4) for k, v in last.items() if not k.startswith("_")})
+    result = train(cfg, workdir, kind="sft")
+    print({k: round(v, 4) for k, v in result.metrics.items()})
 
 
 def _default_pool(cfg: Config, workdir: pathlib.Path) -> pathlib.Path:

@@ -1,7 +1,6 @@
 """Researcher ergonomics: the config API, --config/--show_config/--help, parse-time validation,
 URL workdirs (gs://) reaching Orbax and the metric writers unchanged, multi-host auto-detection,
 profiling, the optional W&B writer, tqdm.auto."""
-import json
 import pathlib
 import re
 import subprocess
@@ -280,3 +279,23 @@ def test_progress_bars_use_tqdm_auto():
              for p in (ROOT / d).rglob("*.py")
              if re.search(r"^\s*from tqdm import|^\s*import tqdm\b", p.read_text(), re.M)]
     assert plain == []
+
+
+def test_wandb_missing_is_a_clear_config_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)          # import wandb -> ImportError
+    cfg = api.make_config("tiny", {"train.wandb_project": "p"})
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[wandb\]'"):
+        MetricsWriter(tmp_path, tensorboard=False, config=cfg)
+
+
+def test_launch_checks_the_mesh_against_the_visible_devices():
+    import importlib
+
+    import jax
+    launch = importlib.import_module("launch")
+    n = jax.device_count()
+    with pytest.raises(ConfigError, match=f"JAX sees {n} cpu"):
+        launch._check_devices(api.make_config("tiny", [f"mesh.num_devices={n + 1}"]))
+    with pytest.raises(ConfigError, match="multiply to"):
+        launch._check_devices(api.make_config("tiny", ["mesh.fsdp=1", f"mesh.expert={n + 1}"]))
+    launch._check_devices(api.make_config("tiny"))            # fsdp=-1 fills the devices

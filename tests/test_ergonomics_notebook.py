@@ -31,6 +31,7 @@ def test_notebook_runs_headless(path, tmp_path, monkeypatch):
     assert "rejected at parse time" in text
     assert "MoE layer 0: tokens per expert" in text
     assert "stop: " in text and "reward" in text
+    assert "rl_step metrics:" in text and "'update_skipped': 0.0" in text
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 2                           # the loss curve and the expert-load bars
 

@@ -6,7 +6,8 @@ WORKDIR/env_check.json with num_tasks, kinds, versions, sources, oracle_resolved
 null_resolved_rate, per-kind statistics (`per_kind`: count, median/min/max lines_changed, oracle and
 null resolved rates), `median_lines_changed` (kind -> median), how many episodes the grader flagged
 as tampering (`oracle_tampered`, `null_tampered`: both must be 0), the mean reward components of
-each agent and the ids of tasks the oracle failed; per-task lines go to metrics.jsonl and transcripts of failures to WORKDIR/transcripts/.
+each agent and the ids of tasks the oracle failed; per-task lines go to metrics.jsonl and
+transcripts of failures to WORKDIR/transcripts/.
 """
 from __future__ import annotations
 

@@ -113,8 +113,7 @@ class EnvConfig:
     reward_length_tool_call_token_weight: float = 0.001   # effort weights of real token counts
     reward_length_tool_output_weight: float = 0.0002      # (`rewards.EffortCounts`); content tokens
     reward_length_final_weight: float = 0.001             # use reward_length_token_weight
-    reward_valid_call: float = 0.01    # per valid tool call, capped (an invalid call earns none)
-    reward_valid_call_cap: float = 0.05
+    reward_valid_call: float = 0.05    # x base x fraction of calls that were valid
     reward_communication: float = 0.05  # clear, short final message on a resolved task
     reward_communication_max_tokens: int = 200
 
@@ -168,7 +167,7 @@ class EnvConfig:
                   "reward_length_k", "reward_length_token_weight", "reward_length_call_weight",
                   "reward_length_turn_weight", "reward_length_tool_call_token_weight",
                   "reward_length_tool_output_weight", "reward_length_final_weight",
-                  "reward_valid_call", "reward_valid_call_cap", "reward_communication",
+                  "reward_valid_call", "reward_communication",
                   "reward_communication_max_tokens"):
             _check(getattr(self, f) >= 0, f"{p}{f} must be >= 0, got {getattr(self, f)}")
         _check(self.reward_partial_credit <= 1.0,

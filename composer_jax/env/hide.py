@@ -24,45 +24,51 @@ SKIP_DIRS = frozenset({"/proc", "/sys", "/dev", "/tmp", "/run", "/var", "/home",
 
 
 @functools.lru_cache(maxsize=None)
-def _index(root: str) -> dict[str, tuple[str, ...]]:
-    """basename -> paths of the regular .py/.pyc/.pyo files under `root` (symlinks not followed)."""
-    out: dict[str, list[str]] = {}
+def _index(root: str) -> tuple[dict, dict]:
+    """(basename -> paths of the regular .py files, stem -> paths of the .pyc/.pyo files) under
+    `root` (symlinks not followed; "x.cpython-312.pyc" has stem "x")."""
+    sources: dict[str, list[str]] = {}
+    bytecode: dict[str, list[str]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in SKIP_DIRS]
         for f in filenames:
             if f.endswith((".py", ".pyc", ".pyo")):
                 p = os.path.join(dirpath, f)
-                if not os.path.islink(p):
-                    out.setdefault(f, []).append(p)
-    return {k: tuple(v) for k, v in out.items()}
+                if os.path.islink(p):
+                    continue
+                if f.endswith(".py"):
+                    sources.setdefault(f, []).append(p)
+                else:
+                    bytecode.setdefault(f.split(".", 1)[0], []).append(p)
+    return ({k: tuple(v) for k, v in sources.items()},
+            {k: tuple(v) for k, v in bytecode.items()})
 
 
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def copies(rel: str, roots) -> tuple[list[str], list[str]]:
+@functools.lru_cache(maxsize=4096)
+def copies(rel: str, roots: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(source copies, bytecode copies) of workspace file `rel` under the mounted `roots`."""
     rel = rel.strip("/")
     base = rel.rsplit("/", 1)[-1]
     stem = base[:-3] if base.endswith(".py") else base
     sources, bytecode = set(), set()
     for root in roots:
-        idx = _index(root)
-        for p in idx.get(base, ()):
+        src_idx, pyc_idx = _index(root)
+        for p in src_idx.get(base, ()):
             if p.endswith("/" + rel):
                 sources.add(p)
-        for p in idx.get(stem + ".pyc", ()) + idx.get(stem + ".pyo", ()):
-            if p[:-1].endswith("/" + rel):
+        for p in pyc_idx.get(stem, ()):
+            d = os.path.dirname(p)
+            if os.path.basename(d) == "__pycache__":
+                owner = os.path.join(os.path.dirname(d), base)
+            else:  # legacy x.pyc next to x.py
+                owner = p[:-1]
+            if owner.endswith("/" + rel):
                 bytecode.add(p)
-        for name, paths in idx.items():
-            if name.startswith(stem + ".") and name.endswith((".pyc", ".pyo")):
-                for p in paths:
-                    d = os.path.dirname(p)
-                    if os.path.basename(d) == "__pycache__" and \
-                            os.path.join(os.path.dirname(d), base).endswith("/" + rel):
-                        bytecode.add(p)
-    return sorted(sources), sorted(bytecode)
+    return tuple(sorted(sources)), tuple(sorted(bytecode))
 
 
 def mounted_roots(python_prefixes, extra_ro_binds) -> tuple[str, ...]:
@@ -90,7 +96,7 @@ def overlays(edit_files: dict[str, str], roots, scratch: pathlib.Path) -> tuple[
     os.chmod(empty, 0o644)
     out = []
     for i, (rel, text) in enumerate(sorted(edit_files.items())):
-        sources, bytecode = copies(rel, roots)
+        sources, bytecode = copies(rel, tuple(roots))
         if sources:
             repl = scratch / f"{i}_{rel.rsplit('/', 1)[-1]}"
             repl.write_text(text, encoding="utf-8")

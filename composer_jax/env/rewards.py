@@ -6,9 +6,10 @@
   invalid_calls reward_invalid_call per malformed/failed call, capped at reward_invalid_call_cap
                 (an invalid call also counts as a call in the effort, so it never pays better
                 than a valid one)
-  valid_calls   reward_valid_call per well-formed call that ran without error, capped at
-                reward_valid_call_cap (so an invalid call, which earns none of it and pays
-                reward_invalid_call, never pays better than a valid one)
+  valid_calls   reward_valid_call * base * (valid calls / calls): tool-use accuracy, paid in
+                proportion to the task's success (doing nothing, or many calls, earns nothing
+                extra); an invalid call lowers the fraction and pays reward_invalid_call, so it
+                never pays better than a valid one
   length        reward_length_coef * C(x), C(x) = ((1 + k x)^(1-q) - 1) / (k (1-q))  (concave;
                 -> ln(1 + k x) / k as q -> 1), the effort
                 x = w_tok * content + w_call_tok * tool-call tokens + w_out * tool-output tokens
@@ -112,7 +113,7 @@ def compute_reward(*, resolved: bool, f2p_fraction: float, num_calls: int, num_i
     base = 1.0 if resolved else cfg.reward_partial_credit * f2p_fraction
     invalid = min(cfg.reward_invalid_call_cap, cfg.reward_invalid_call * num_invalid_calls)
     num_valid = max(num_calls - num_invalid_calls, 0)
-    valid = min(cfg.reward_valid_call_cap, cfg.reward_valid_call * num_valid)
+    valid = cfg.reward_valid_call * base * (num_valid / num_calls if num_calls else 0.0)
     x = effort(cfg, num_calls=num_calls, num_turns=num_turns, num_tokens=num_tokens, counts=counts)
     length = cfg.reward_length_coef * length_penalty(x, cfg.reward_length_k, cfg.reward_length_q)
     outside = set(changed_files) - set(editable_files)

@@ -6,6 +6,8 @@
   eval_resolved_rate(model, tokenizer, cfg, num_tasks=4)
                                  the RL evaluator's call on new parameters: a few held-out tasks,
                                  detailed prompts, greedy -> {"eval_resolved_rate", ...}
+  eval_checkpoint(source, cfg, num_tasks=4)
+                                 the same for a run's workdir / an HF directory
 """
 from __future__ import annotations
 
@@ -25,10 +27,15 @@ def cache_dir(cfg) -> pathlib.Path:
     return pathlib.Path(resolved_cache_dir(cfg.data))
 
 
+# Bumped when the task generators change what they produce (2: refactor and large_feature kinds).
+EVAL_POOL_VERSION = 2
+
+
 def pool_key(cfg) -> str:
-    """Names the evaluation pool by what shapes it: task kinds, held-out modules, size, versions."""
-    spec = repr((sorted(TASK_KINDS), sorted(HELDOUT_MODULES), cfg.eval.pool_tasks,
-                 tuple(cfg.env.python_versions), cfg.env.task_seed))
+    """Names the evaluation pool by what shapes it: generator version, task kinds, held-out
+    modules, size, Python versions, seed."""
+    spec = repr((EVAL_POOL_VERSION, sorted(TASK_KINDS), sorted(HELDOUT_MODULES),
+                 cfg.eval.pool_tasks, tuple(cfg.env.python_versions), cfg.env.task_seed))
     return hashlib.sha256(spec.encode()).hexdigest()[:10]
 
 
@@ -108,3 +115,16 @@ def eval_resolved_rate(model, tokenizer, cfg, *, num_tasks: int = 4, style: str 
     return {"eval_resolved_rate": s["resolved"], "eval_partial": s["partial"],
             "eval_tasks": int(s["num_tasks"]), "eval_suite_id": r["suite_id"],
             "eval_price": s["price"], "eval_generated_tokens": s["generated_tokens"]}
+
+
+def eval_checkpoint(source: str, cfg, *, num_tasks: int = 4, style: str = "detailed",
+                    suite: Suite | None = None) -> dict:
+    """`eval_resolved_rate` of a saved checkpoint: a training run's workdir (newest checkpoint) or
+    a Hugging Face directory with a tokenizer.json; adds "eval_step" when the source has one."""
+    from composer_jax.eval.policies import load_model
+    model, tokenizer, info = load_model(pathlib.Path(source), cfg)
+    out = eval_resolved_rate(model, tokenizer, cfg, num_tasks=num_tasks, style=style,
+                             name=info.get("model", "checkpoint"), suite=suite)
+    if "step" in info:
+        out["eval_step"] = info["step"]
+    return out

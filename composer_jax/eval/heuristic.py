@@ -1,9 +1,9 @@
 """The scripted heuristic baseline: mutation-based program repair through the agent's tools.
 
 It never sees the reference: it lists the workspace, runs the test modules, and localises suspects
--- the lines of the non-test modules that tracebacks point at (most frequent first), then the
-bodies of the module functions that the failing test lines call (found with grep) -- and tries
-single-token edits there -- the inverses of common slips: comparison flips (< <=, == !=, in / not in, is / is not),
+-- the lines of the non-test modules that tracebacks point at, then the lines ranked by
+spectrum-based fault localisation (Ochiai: per-test line coverage of failing vs passing tests,
+collected by a small tracing script it runs in the sandbox) -- and tries single-token edits there -- the inverses of common slips: comparison flips (< <=, == !=, in / not in, is / is not),
 arithmetic swaps (+ -, * /), and/or, True/False, an integer literal +-1, adding or removing a `not`.
 An edit that lowers the number of failing tests is kept, one that does not is reverted; it
 finishes when the tests pass or its budget of test runs is spent, and it says honestly whether the
@@ -16,11 +16,9 @@ import re
 
 from composer_jax.env.protocol import render_assistant
 
-MAX_TEST_RUNS = 20
+MAX_TEST_RUNS = 24
 MAX_LINES = 4
-MAX_FUNCTIONS = 3
-MAX_FUNCTION_LINES = 40
-TEST_WINDOW = 25
+MAX_SUSPECTS = 10
 MAX_MUTANTS_PER_LINE = 8
 
 _SWAPS = [(r"<=", "<"), (r"(?<![<>=!])<(?![<=])", "<="), (r">=", ">"), (r"(?<![<>=!-])>(?![>=])", ">="),
@@ -72,31 +70,7 @@ def count_failures(output: str) -> int | None:
     return None
 
 
-def called_names(line: str) -> list[str]:
-    """Names of the functions/methods a line of test code calls, in order of appearance."""
-    seen = []
-    for name in re.findall(r"\b([A-Za-z_]\w*)\s*\(", line):
-        if name not in seen and name not in _NOT_TARGETS and not name.startswith("assert"):
-            seen.append(name)
-    return seen
-
-
-_NOT_TARGETS = frozenset({"self", "print", "len", "list", "dict", "set", "tuple", "str", "int",
-                          "float", "range", "isinstance", "type", "super", "repr", "sorted",
-                          "subTest", "fail", "skipTest", "getattr", "setattr", "iter", "next"})
 _MUTABLE = re.compile(r"[<>=!]=|[<>]|\b(and|or|not|in|is|True|False)\b|\s[-+*/]\s|\d")
-
-
-def test_frames(output: str, tests: list[str]) -> list[tuple[str, int]]:
-    """(test file, line) of traceback frames inside test methods (`in test_...`), most frequent
-    first."""
-    counts: dict[tuple[str, int], int] = {}
-    for m in re.finditer(r'^\s*(\d+)\s+File "(?:[^"]*/)?([^"/]+\.py)", line (\d+), in (test\w*)',
-                         output, re.MULTILINE):
-        if m.group(2) in tests:
-            key = (m.group(2), int(m.group(3)))
-            counts[key] = counts.get(key, 0) + int(m.group(1))
-    return sorted(counts, key=lambda k: (-counts[k], k))
 
 
 def traceback_lines(output: str, modules: list[str]) -> list[tuple[str, int]]:
@@ -175,52 +149,67 @@ class HeuristicAgent:
                                          f"tests still fail."})
 
     def _suspects(self, out: str, modules: list[str], tests: list[str]):
-        """Suspicious (file, line, text, context lines, index of the line in them): lines of the
-        modules that tracebacks name, then the lines of the module functions that the failing
-        test lines call (found with grep), keeping lines with something a slip could flip."""
+        """Suspicious (file, line, text, context lines, index of the line in them): the module
+        lines that tracebacks name, then the module lines ranked by spectrum-based fault
+        localisation (Ochiai over per-test line coverage, run in the sandbox), keeping lines with
+        something a slip could flip."""
         sites, seen = [], set()
-
-        def add(path, got, line):
+        ranked = list(traceback_lines(out, modules)[:MAX_LINES])
+        sbfl = yield ("run_terminal_cmd", {"command": sbfl_command(modules, tests)})
+        ranked += [(f, n) for f, n in sbfl_lines(sbfl) if (f, n) not in ranked]
+        for path, line in ranked[:MAX_SUSPECTS]:
+            window = yield ("read_file", {"target_file": path, "start_line": max(1, line - 1),
+                                          "end_line": line + 1})
+            got = _numbered(window)
             if line in got and (path, line) not in seen and _MUTABLE.search(got[line].split("#")[0]):
                 seen.add((path, line))
                 nums = [i for i in (line - 1, line, line + 1) if i in got]
                 sites.append((path, line, got[line], [got[i] for i in nums], nums.index(line)))
-
-        for path, line in traceback_lines(out, modules)[:MAX_LINES]:
-            window = yield ("read_file", {"target_file": path, "start_line": max(1, line - 1),
-                                          "end_line": line + 1})
-            add(path, _numbered(window), line)
-        counts: dict[str, int] = {}
-        for path, line in test_frames(out, tests)[:MAX_LINES]:
-            window = _numbered((yield ("read_file", {"target_file": path,
-                                                     "start_line": max(1, line - TEST_WINDOW),
-                                                     "end_line": line})))
-            start = max((i for i, t in window.items() if re.match(r"\s*def test", t)), default=line)
-            for i in range(start + 1, line + 1):
-                for name in called_names(window.get(i, "")):
-                    counts[name] = counts.get(name, 0) + 1
-        called = sorted(counts, key=lambda n: -counts[n])
-        for name in called[:MAX_FUNCTIONS]:
-            hits = yield ("grep_search", {"query": rf"def {name}\b"})
-            for path, start in re.findall(r"^([\w./]+\.py):(\d+):", hits, re.MULTILINE):
-                if path not in modules:
-                    continue
-                body = yield ("read_file", {"target_file": path, "start_line": int(start),
-                                            "end_line": int(start) + MAX_FUNCTION_LINES})
-                got = _numbered(body)
-                first = got.get(int(start), "")
-                indent = len(first) - len(first.lstrip())
-                in_string = False
-                for i in sorted(got)[1:]:
-                    text = got[i]
-                    if text.strip() and len(text) - len(text.lstrip()) <= indent:
-                        break                       # the function ended
-                    quotes = text.count('"""') + text.count("'''")
-                    if in_string or quotes:
-                        in_string = in_string != (quotes % 2 == 1)
-                        continue                    # docstrings hold no bug
-                    add(path, got, i)
         return sites
+
+
+_SBFL = r"""
+import collections, math, os, sys, unittest
+MODS = set(%(mods)r)
+def flat(s):
+    for t in s:
+        yield from (flat(t) if isinstance(t, unittest.TestSuite) else [t])
+cur = set()
+def tracer(frame, event, arg):
+    if os.path.basename(frame.f_code.co_filename) in MODS:
+        if event == "line":
+            cur.add((os.path.basename(frame.f_code.co_filename), frame.f_lineno))
+        return tracer
+    return None
+cov, failed = collections.defaultdict(set), set()
+for i, t in enumerate(flat(unittest.defaultTestLoader.loadTestsFromNames(%(tests)r))):
+    cur = set()
+    r = unittest.TestResult()
+    sys.settrace(tracer)
+    try:
+        t.run(r)
+    finally:
+        sys.settrace(None)
+    if not r.wasSuccessful():
+        failed.add(i)
+    for k in cur:
+        cov[k].add(i)
+F = max(1, len(failed))
+score = {k: len(v & failed) / math.sqrt(F * len(v)) for k, v in cov.items() if v & failed}
+for (f, n), s in sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[:%(top)d]:
+    print(f"SBFL {f}:{n} {s:.3f}")
+"""
+
+
+def sbfl_command(modules: list[str], tests: list[str], top: int = 30) -> str:
+    """A shell command printing `SBFL file:line score` for the most suspicious module lines."""
+    script = _SBFL % {"mods": sorted(modules), "tests": [t[:-3] for t in tests], "top": top}
+    return f"python - 2>/dev/null <<'CJ_SBFL_EOF' | grep '^SBFL'\n{script}\nCJ_SBFL_EOF"
+
+
+def sbfl_lines(output: str) -> list[tuple[str, int]]:
+    """(file, line) pairs of an `sbfl_command` output, most suspicious first."""
+    return [(f, int(n)) for f, n in re.findall(r"^SBFL (\S+?):(\d+) ", output, re.MULTILINE)]
 
 
 def _numbered(window: str) -> dict[int, str]:

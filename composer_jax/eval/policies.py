@@ -157,43 +157,31 @@ class ModelPolicy(Policy):
             self.engine.stop()
 
 
-def load_model(path: pathlib.Path):
-    """(model, tokenizer, info) from a training run's workdir or a Hugging Face directory."""
-    import json
-
+def load_model(path: pathlib.Path, cfg=None):
+    """(model, tokenizer, info) from a training run's workdir (newest checkpoint) or a Hugging Face
+    directory, through the one weight loader (`composer_jax.train.weights.load_weights`); the
+    tokenizer is the run's tokenizer.json (or one placed in the HF directory)."""
+    from composer_jax.config import Config
     from composer_jax.data.tokenizer import load_tokenizer
+    from composer_jax.errors import ComposerError
+    from composer_jax.train.weights import load_weights
+
     path = pathlib.Path(path)
-    if (path / "checkpoints").is_dir():
-        from composer_jax.config import Config, from_dict
-        from composer_jax.errors import CheckpointError
-        from composer_jax.model import init_model
-        from composer_jax.train.checkpoint import Checkpointer
-        from composer_jax.train.step import build
-
-        run_cfg = from_dict(Config, json.loads((path / "config.json").read_text()))
-        fns, state = build(init_model(run_cfg.model, run_cfg.seed), run_cfg)
-        ckpt = Checkpointer(path / "checkpoints", run_cfg, 1, 1)
-        found = ckpt.restore_latest(state)
-        ckpt.close()
-        if found is None:
-            raise CheckpointError(f"{path / 'checkpoints'} holds no checkpoint")
-        model = fns.merge(found[0].params, found[0].buffers)
-        info = {"path": str(path), "source": "training_run", "step": int(found[2]),
-                "model": run_cfg.model.name}
-        return model, load_tokenizer(path / "tokenizer.json"), info
-    if (path / "config.json").is_file():
-        from composer_jax.model.hf import load_hf
-        if not (path / "tokenizer.json").is_file():
-            raise PolicyError(f"{path} is a Hugging Face checkpoint without tokenizer.json; copy the "
-                              f"tokenizer.json the model was trained with into it")
-        model_cfg, model = load_hf(path)
-        return model, load_tokenizer(path / "tokenizer.json"), {
-            "path": str(path), "source": "hf", "model": model_cfg.name}
-    raise PolicyError(f"eval.policy={str(path)!r}: not a training run (no checkpoints/) nor a "
-                      f"Hugging Face directory (no config.json)")
+    try:
+        weights = load_weights(str(path), cfg or Config())
+    except ComposerError as e:
+        raise PolicyError(f"eval.policy={str(path)!r}: {e}") from None
+    tok = weights.tokenizer_path or path / "tokenizer.json"
+    if not pathlib.Path(tok).is_file():
+        raise PolicyError(f"{path} has no tokenizer.json; copy the tokenizer.json the model was "
+                          f"trained with into it")
+    info = {"path": str(path), "source": weights.kind, "model": weights.model_cfg.name}
+    if weights.step is not None:
+        info["step"] = int(weights.step)
+    return weights.model(), load_tokenizer(tok), info
 
 
-def make_policy(spec: str, *, max_new_tokens: int = 512, temperature: float = 0.0,
+def make_policy(spec: str, cfg=None, *, max_new_tokens: int = 512, temperature: float = 0.0,
                 max_context: int = 8192, concurrency: int = 4, seed: int = 0) -> Policy:
     """The policy `eval.policy` names (see the module docstring)."""
     if spec in REFERENCE_POLICIES:
@@ -202,7 +190,7 @@ def make_policy(spec: str, *, max_new_tokens: int = 512, temperature: float = 0.
     if not path.exists():
         raise PolicyError(f"eval.policy={spec!r}: not one of {REFERENCE_POLICIES} and no such "
                           f"directory (give a training run's workdir or a Hugging Face directory)")
-    model, tokenizer, info = load_model(path)
+    model, tokenizer, info = load_model(path, cfg)
     return ModelPolicy(path.name, model, tokenizer, max_new_tokens=max_new_tokens,
                        temperature=temperature, max_context=max_context, concurrency=concurrency,
                        seed=seed, describe=info)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 
 from composer_jax.env.tasks.task import Task
 
@@ -19,16 +20,17 @@ _TERSE = {
     "debugging": (
         "{module} is giving wrong results somewhere, can you fix it?",
         "something in {module} broke recently. please track it down and fix",
-        "the {module} code has a bug (maybe more than one). fix it",
+        "there is a bug (maybe more than one) in {module}. fix it",
     ),
     "feature": (
         "parts of {module} were never finished. please implement what's missing",
         "finish the unimplemented bits of {module}",
-        "{what} still needs writing, please implement it properly",
+        "please implement {what}, it's still missing",
     ),
     "refactoring": (
-        "the tests were updated for a cleaner {module} API; bring the code in line with them",
-        "please do the {module} refactor the tests expect",
+        "rename {rename} in {module}, no aliases please",
+        "can you rename {rename}? it's in {module}",
+        "please finish the refactor of {module} that the tests expect",
     ),
     "migration": (
         "we upgraded python and {module} no longer matches the new tests. port it",
@@ -43,13 +45,24 @@ def _pick(options: tuple, key: str) -> str:
 
 def _feature_what(task: Task) -> str:
     names = [m.split(" of ", 1)[1].split(" (", 1)[0] for m in task.mutations if " of " in m]
-    return (f"`{names[0]}`" if len(names) == 1 else "a few functions") if names else "some code"
+    if len(names) != 1:
+        return "the missing functions" if names else "the missing code"
+    return names[0] if "`" in names[0] else f"`{names[0]}`"   # large_feature labels quote already
+
+
+def _rename(task: Task) -> str:
+    for m in task.mutations:
+        hit = re.match(r"rename \w+ (\S+) -> (\S+)", m)
+        if hit:
+            return f"`{hit.group(1)}` to `{hit.group(2)}`"
+    return "what the tests expect"
 
 
 def terse_prompt(task: Task, category: str) -> str:
     """A short, ambiguous request: no test ids, no file names."""
     text = _pick(_TERSE[category], task.task_id)
-    return text.format(module=f"the {task.module} module", what=_feature_what(task))
+    return text.format(module=f"the {task.module} module", what=_feature_what(task),
+                       rename=_rename(task))
 
 
 def detailed_prompt(task: Task, category: str) -> str:

@@ -148,6 +148,9 @@ def plot(results: list[dict], names: list[str], path: pathlib.Path) -> None:
                 continue
             ax1.scatter(d["price"], d["resolved"], color=color, marker=markers.get(style, "^"),
                         s=60, label=f"{name} ({style})")
+    prices = [d["price"] for r in results for k, d in r["summary"].items() if k != "all" and d["price"] > 0]
+    if prices and max(prices) / min(prices) > 20:
+        ax1.set_xscale("log")
     ax1.set_xlabel("mean price per episode ($, config prices)")
     ax1.set_ylabel("resolved rate")
     ax1.set_ylim(-0.05, 1.05)

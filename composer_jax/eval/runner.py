@@ -11,7 +11,7 @@ import dataclasses
 import re
 import time
 
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.episode import run_episode

@@ -112,6 +112,7 @@ class Engine:
         self.pending = np.zeros(b, np.int32)
         self._slot_tokens: list[list[int]] = [[] for _ in range(b)]   # processed + pending
         self._slot_req: list[Completion | None] = [None] * b
+        self._slot_sess: list[_Session | None] = [None] * b      # the session a request runs in
         self._slot_key = np.zeros((b, 2), np.uint32)
         self._slot_params = [SamplingParams(temperature=0.0)] * b
         self._slot_prompt_len = np.zeros(b, np.int32)    # sequence length when the request began
@@ -124,7 +125,7 @@ class Engine:
         self._resolved: list[tuple[concurrent.futures.Future, Completion]] = []
         self._finished: collections.deque[int] = collections.deque()
         self._cancel: set[int] = set()
-        self._end: list[str] = []
+        self._end: list[_Session] = []
         self._driver: threading.Thread | None = None
         self._stopping = False
         self._driver_error: BaseException | None = None
@@ -251,23 +252,28 @@ class Engine:
         return True
 
     def end_session(self, session: str) -> None:
-        """Forgets a conversation and frees its cache slot (at once, or at the start of the next
-        step when one is in flight)."""
+        """Forgets a conversation at once (a later request with this name starts afresh) and
+        frees its cache slot (now, or at the start of the next step when one is in flight)."""
+        with self._lock:
+            s = self._sessions.pop(session, None)
+            if s is None or s.slot is None:
+                return
+            self._end.append(s)
+            self._work.notify_all()
         if self._step_lock.acquire(blocking=False):
             try:
                 with self._lock:
-                    self._end_session_now(session)
+                    self._free_ended()
             finally:
                 self._step_lock.release()
-        else:
-            with self._lock:
-                self._end.append(session)
-                self._work.notify_all()
 
-    def _end_session_now(self, session: str) -> None:
-        s = self._sessions.pop(session, None)
-        if s is not None and s.slot is not None and self._slot_req[s.slot] is None:
-            self._free(s.slot)
+    def _free_ended(self) -> None:
+        """Frees the slots of ended sessions unless a request or another session uses them."""
+        ended, self._end = self._end, []
+        held = {s.slot for s in self._sessions.values() if s.slot is not None}
+        for s in ended:
+            if self._slot_req[s.slot] is None and s.slot not in held:
+                self._free(s.slot)
 
     def swap_weights(self, state, version: int) -> None:
         """New parameters (same structure) for the next step on; running sequences keep going.
@@ -382,9 +388,7 @@ class Engine:
 
     def _apply_control(self, events) -> None:
         """Deferred session ends and cancellations of running requests."""
-        ends, self._end = self._end, []
-        for session in ends:
-            self._end_session_now(session)
+        self._free_ended()
         if not self._cancel:
             return
         for slot, c in enumerate(self._slot_req):
@@ -459,6 +463,7 @@ class Engine:
             full = history + c.prompt
             self._slot_tokens[slot] = list(full)
             self._slot_req[slot] = c
+            self._slot_sess[slot] = s
             self._slot_params[slot] = c.params
             seed = c.params.seed
             key = jax.random.key(seed) if seed is not None else jax.random.fold_in(
@@ -582,8 +587,8 @@ class Engine:
 
     def _finish(self, slot: int, c: Completion) -> None:
         self._slot_req[slot] = None
-        if c.session is not None and c.session in self._sessions:
-            s = self._sessions[c.session]
+        s, self._slot_sess[slot] = self._slot_sess[slot], None
+        if s is not None and self._sessions.get(c.session) is s:    # not ended meanwhile
             s.tokens, s.busy, s.last_used = list(self._slot_tokens[slot]), False, self._clock
         else:
             self._free(slot)

@@ -37,18 +37,6 @@ from composer_jax.model.transformer import Transformer
 # config.json <-> ModelConfig
 # ------------------------------------------------------------------------------------------------
 
-# Fields we read; anything else that changes the math is checked in _check_supported.
-_IGNORED_KEYS = {
-    "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype",
-    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range",
-    "attention_dropout", "num_key_value_heads", "ep_size", "pretraining_tp", "quantization_config",
-    "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha", "seq_aux", "_name_or_path",
-    "return_dict", "output_hidden_states", "output_attentions", "tie_word_embeddings",
-    "moe_layer_freq", "topk_method", "hidden_act", "attention_bias", "head_dim", "rope_interleave",
-    "id2label", "label2id", "chunk_size_feed_forward", "is_encoder_decoder", "rope_parameters",
-    "layer_types", "mlp_layer_types", "qk_head_dim", "problem_type", "tokenizer_class", "use_return_dict",
-}
-
 
 def _check_supported(hf: dict) -> list[str]:
     problems = []

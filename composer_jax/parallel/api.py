@@ -1,92 +1,19 @@
-"""Sharded forward, loss and train step: the model under a ParallelContext.
+"""jit under a ParallelContext, and the shardings of batch fields.
 
-These are pure functions of (graphdef, params, batch); `jit_*` wrap them with the parallel context
-active at trace time and the parameter/batch shardings as jit in/out shardings. Without a context
-the same functions run on one device (the reference the tests compare against).
+`jit_with_context` traces a function with the parallel context active (so `shard` and the model's
+rules apply) and runs it under the context's mesh; `batch_shardings` places batch fields by their
+logical axes in the batch schema (`composer_jax.parallel.batch_schema`).
 
-Batch fields ([B,T] unless noted): tokens, positions, segment_ids, targets, loss_mask; optional
-mtp_targets/mtp_mask [B,Dm,T]. With context parallelism the batch is reordered
-(`context_parallel.reorder_batch`) before the model; the loss is a token sum, so order-free.
-
-Explicit meshes: parameters and batch carry explicit shardings at the boundary; the model body runs
-under `jax.sharding.auto_axes` (GSPMD inside), where `shard` applies sharding constraints.
+Explicit meshes: parameters and batch carry explicit shardings at the boundary; a body runs under
+`jax.sharding.auto_axes` (GSPMD inside), where `shard` applies sharding constraints.
 """
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
-import optax
-from flax import nnx
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding
 
-from composer_jax.parallel import context_parallel as cp_lib
 from composer_jax.parallel.batch_schema import LM_FIELDS, BatchSchema
-from composer_jax.parallel.sharding import (ParallelContext, activate, logical_to_spec,
-                                            state_shardings)
-
-
-def _explicit(pc: ParallelContext | None) -> bool:
-    return pc is not None and any(t == AxisType.Explicit for t in pc.mesh.axis_types)
-
-
-def model_inputs(batch: dict, cfg, pc: ParallelContext | None) -> dict:
-    """The batch as the model sees it: reordered for context parallelism (cp > 1)."""
-    cp = pc.context_parallel if pc is not None else 1
-    return cp_lib.reorder_batch(batch, cp, cfg.mtp_depth)
-
-
-def forward(graphdef, params, batch: dict, pc: ParallelContext | None = None):
-    """(ModelOutput, model inputs) of the (possibly reordered) batch; params = nnx State."""
-    model = nnx.merge(graphdef, params)
-    inputs = model_inputs(batch, model.cfg, pc)
-    out = model(inputs["tokens"], inputs["positions"], inputs["segment_ids"],
-                token_index=inputs["token_index"], mtp_tokens=inputs.get("mtp_tokens"))
-    return out, inputs
-
-
-def _auto_body(fn, pc: ParallelContext | None, out_logical):
-    """fn itself, or on an Explicit mesh fn run under `auto_axes` with explicit out shardings."""
-    if not _explicit(pc):
-        return fn
-    spec = logical_to_spec(out_logical, pc.rules, None, pc.sizes)
-    return jax.sharding.auto_axes(fn, out_sharding=NamedSharding(pc.mesh, spec))
-
-
-def logits(graphdef, params, batch, pc=None):
-    """[B,T,V] logits in the original token order."""
-    def body(params, batch):
-        lg = forward(graphdef, params, batch, pc)[0].logits
-        cp = pc.context_parallel if pc is not None else 1
-        return cp_lib.restore(lg, cp, axis=1) if cp > 1 else lg
-    return _auto_body(body, pc, ("batch", "seq", "act_vocab"))(params, batch)
-
-
-def ce_loss(graphdef, params, batch, pc=None):
-    """Mean next-token cross-entropy over loss_mask (MTP heads not included; see train/)."""
-    def body(params, batch):
-        out, inputs = forward(graphdef, params, batch, pc)
-        logp = jax.nn.log_softmax(out.logits.astype(jnp.float32), axis=-1)
-        nll = -jnp.take_along_axis(logp, inputs["targets"][..., None], axis=-1)[..., 0]
-        mask = inputs["loss_mask"].astype(jnp.float32)
-        return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    return _auto_body(body, pc, ())(params, batch)
-
-
-def adamw(lr: float = 1e-3) -> optax.GradientTransformation:
-    return optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=0.1)
-
-
-def train_step(graphdef, tx, params, opt_state, batch, pc=None):
-    """One AdamW step on the CE loss -> (params, opt_state, loss, grad_norm)."""
-    loss, grads = jax.value_and_grad(lambda p: ce_loss(graphdef, p, batch, pc))(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
-
-
-# ---------------------------------------------------------------------------------------------
-# jit with shardings
-# ---------------------------------------------------------------------------------------------
+from composer_jax.parallel.sharding import ParallelContext, activate, logical_to_spec
 
 
 def batch_shardings(batch: dict, pc: ParallelContext, schema: BatchSchema = LM_FIELDS) -> dict:
@@ -97,10 +24,6 @@ def batch_shardings(batch: dict, pc: ParallelContext, schema: BatchSchema = LM_F
     return {k: NamedSharding(pc.mesh, logical_to_spec(
         schema[k].axes, pc.rules, v.shape, pc.sizes, what=f"batch field {k!r}"))
         for k, v in batch.items()}
-
-
-def place(tree, shardings):
-    return jax.device_put(tree, shardings)
 
 
 def jit_with_context(fn, pc: ParallelContext, in_shardings=None, out_shardings=None, **kw):
@@ -115,20 +38,3 @@ def jit_with_context(fn, pc: ParallelContext, in_shardings=None, out_shardings=N
             return jitted(*args)
     call.jitted = jitted
     return call
-
-
-def opt_state_shardings(tx, params, param_sharding_tree, pc: ParallelContext):
-    """Optimizer-state shardings: every sub-tree shaped like the parameters (Adam moments) takes
-    the parameter shardings; everything else (step counts) is replicated."""
-    abstract = jax.eval_shape(tx.init, params)
-    pdef = jax.tree.structure(params)
-    rep = NamedSharding(pc.mesh, P())
-
-    def like_params(x):
-        try:
-            return jax.tree.structure(x) == pdef
-        except Exception:   # noqa: BLE001 - unhashable/odd nodes are simply not param-shaped
-            return False
-
-    return jax.tree.map(lambda x: param_sharding_tree if like_params(x) else rep, abstract,
-                        is_leaf=like_params)

@@ -5,10 +5,13 @@ maximum staleness `S` (`rl.max_staleness`), a new group may start only while
 
     started  <=  (S + v + 1) * B          started = accepted (finished, consumed or not) + running
 
-counted over the whole run (a resumed run counts the groups of its earlier lives too). A group
-started under this rule is consumed by a trainer step at most S versions after the version that
-allowed it to start, so no sampled token is more than S versions older than the trainer that
-trains on it (plus the in-flight lag of one weight swap). Finished rollouts are never dropped for
+counted over the whole run (a resumed run counts the groups of its earlier lives too). The driver
+advances `v` only once the inference service has loaded version v, so every token of a group is
+sampled by a version >= the one that admitted it, and at most (S + 1)·B groups are started but not
+consumed. When groups finish in the order they started, each is trained at most S versions after
+the version that sampled it. A straggler (a group that finishes after groups started later) can be
+older, since the trainer takes complete groups as they come and never waits for one: the run
+reports it in `staleness_max` (the default S=2 parity run: 6 of 8000 rollouts at staleness 3). Finished rollouts are never dropped for
 being old: the rule limits what starts, not what is kept. `S = 0` is synchronous RL: one batch is
 generated with version v, trained, then the next one starts.
 

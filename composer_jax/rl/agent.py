@@ -82,8 +82,8 @@ class AgentConfig:
 
     @classmethod
     def from_config(cls, cfg, **overrides) -> "AgentConfig":
-        """From the whole Config: the summary trigger from `rl`, turn length and sampling from
-        `eval` where present; `overrides` win."""
+        """From the whole Config (the summary trigger is `rl.summary_trigger_tokens`); the
+        keyword `overrides` set the other fields."""
         kw = {"summary_trigger_tokens": cfg.rl.summary_trigger_tokens}
         kw.update(overrides)
         return cls(**kw)
@@ -193,9 +193,8 @@ class TokenAgent:
             return Rollout(task.task_id, group_id, ep.segments, reward, rollout_id=rid,
                            timing=ep.finish_timing(), info=ep.finish_info())
         except Exception as exc:   # noqa: BLE001 - a crashed episode becomes an error rollout
-            if seg and len(seg[-1].builder):
+            if seg and len(seg[-1].builder):     # the open segment (its session ends below)
                 ep.segments.append(seg[-1].builder.build(END_EPISODE))
-                seg.clear()
             why = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
             return Rollout.failed(task.task_id, group_id, why, ep.segments, rollout_id=rid,
                                   timing=ep.finish_timing(), info=ep.finish_info())

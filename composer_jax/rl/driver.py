@@ -198,7 +198,10 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
             if stop_event is not None and stop_event.is_set():
                 break
             v = p.version
-            admission.advance(v)
+            # admission counts the version new episodes will sample with: the trainer's, once the
+            # inference service has loaded it (so S = 0 is exactly synchronous)
+            if v > admission.version and inference.version() >= v:
+                admission.advance(v)
             if evaluator.due(v) or (v == settings.steps and eval_tasks and
                                     v not in evaluator.scheduled):
                 pending.extendleft(reversed(evaluator.jobs(v, settings.seed + 7919 * v)))
@@ -237,6 +240,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
         trainer.stop()
         trainer.join(timeout=600)
         pool.close()
+        inference_stats = inference.stats()
         inference.stop()
         ckpt.close()
         metrics.close()
@@ -253,7 +257,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
         "trainer_idle_frac": p.wait_s / max(p.wait_s + p.busy_s, 1e-9),
         "staleness_hist": dict(collections.Counter(trainer.staleness_hist)),
         "eval": {str(k): v for k, v in sorted(evaluator.results.items())},
-        "inference": inference.stats(),
+        "inference": inference_stats,
         "resumed_from": version, "readmitted": readmitted,
     }
     atomic_write_bytes(workdir / "rl_summary.json", json.dumps(summary, indent=1).encode())
@@ -274,7 +278,7 @@ def _make_inference(settings: DriverSettings, spec: ProgramSpec, store):
 def _progress(settings: DriverSettings, version: int):
     if not settings.progress:
         return None
-    from tqdm import tqdm
+    from tqdm.auto import tqdm
     return tqdm(total=settings.steps, initial=version, desc="rl versions", unit="v",
                 dynamic_ncols=True, file=sys.stderr)
 

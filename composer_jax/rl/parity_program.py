@@ -40,8 +40,9 @@ class ParityProgram:
         self.cfg_dict = config
         self.cfg = _config(config)
         rl = self.cfg.rl
-        self._train = tt.make_tasks(rl.num_train_tasks, self.cfg.seed, "train")
-        self._eval = tt.make_tasks(rl.num_eval_tasks, self.cfg.seed, "eval")
+        kinds = tuple(rl.parity_kinds)
+        self._train = tt.make_tasks(rl.num_train_tasks, self.cfg.seed, "train", kinds)
+        self._eval = tt.make_tasks(rl.num_eval_tasks, self.cfg.seed, "eval", kinds)
         self._tasks = {t.task_id: t for t in self._train + self._eval}
 
     # ---------------------------------------------------------------- env side (no JAX)

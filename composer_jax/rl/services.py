@@ -150,6 +150,10 @@ class InferenceService:
     def rpc(self, method: str, args: tuple, kwargs: dict):
         return self.server.rpc(method, args, kwargs)
 
+    def version(self) -> int:
+        """The weight version new episodes sample with."""
+        return int(getattr(self.server, "version", -1))
+
     def stats(self) -> dict:
         return {**self.server.stats(), "weight_swaps": self.swaps}
 

@@ -14,7 +14,10 @@ exists and this pass is skipped; (2) Dr.GRPO advantages per row (episodes weight
 head, router-bias update, non-finite guard); (4) metrics.
 
 Batch: `composer_jax.rl.batch.make_batch` (fields and shapes there). With rl.router_replay false
-the `router_replay` field is ignored and the trainer routes afresh.
+the `router_replay` field is ignored and the trainer routes afresh. logp_old is the stop-gradient
+of this step's own forward (one update per batch, so PPO's ratio is 1 and ppo_clip equals
+truncated_is) unless the batch carries a `logp_old` field (several updates on one batch). The MTP
+modules are not run: RL trains the main head.
 
 Metrics: loss, grad_norm, update_skipped, expert_load_max_over_mean, reward_mean, resolved_rate,
 kl_k1 (beta > 0 only: mean per episode), is_weight_mean, is_weight_max (exact with one microbatch;
@@ -25,19 +28,21 @@ KL(sampler || trainer)), advantage_abs_mean, tokens.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from jax.sharding import AxisType
 
 from composer_jax.config import Config
+from composer_jax.parallel import api
 from composer_jax.parallel.batch_schema import LM_FIELDS, ROUTER_REPLAY_FIELDS, BatchSchema, Field
+from composer_jax.parallel.sharding import context_from_config
 from composer_jax.rl import objectives
 from composer_jax.train.loss_api import LossSpec, register_loss
-from composer_jax.train.optimizers import make_optimizer
 from composer_jax.train.state import TrainState
-from composer_jax.train.step import _axes_and_paths, initial_state, make_step_fns
+from composer_jax.train.step import StepFns, build, make_step_fns
 
 _TOK = ("batch", "seq")
 _ROW = ("batch",)
@@ -46,6 +51,8 @@ RL_FIELDS = BatchSchema({k: LM_FIELDS[k] for k in (
     "tokens", "positions", "segment_ids", "targets", "loss_mask", "token_index", "mtp_tokens")}
 ).extend({
     "behaviour_logp": Field("float32", _TOK, doc="the sampler's log-prob of the target token"),
+    "logp_old": Field("float32", _TOK, doc="optional: the trainer's log-prob before the first of "
+                                           "several updates on this batch (ppo_clip reuse)"),
     "advantages": Field("float32", _ROW, doc="Dr.GRPO advantage of the row (set by rl_step)"),
     "rewards": Field("float32", _ROW, doc="episode reward of the row"),
     "resolved": Field("float32", _ROW, doc="1 when the episode resolved its task"),
@@ -70,8 +77,9 @@ def _policy_fn(model, batch, ctx):
     rl = ctx.cfg.rl
     logp, entropy = _target_logp_entropy(model, batch, ctx)
     mask = batch["loss_mask"]
+    logp_old = batch["logp_old"] if "logp_old" in batch else jax.lax.stop_gradient(logp)
     loss, m = objectives.policy_loss(
-        logp, jax.lax.stop_gradient(logp), batch["behaviour_logp"], batch["advantages"], mask,
+        logp, logp_old, batch["behaviour_logp"], batch["advantages"], mask,
         kind=rl.loss.value, is_truncation=rl.is_truncation, clip_eps=rl.clip_eps,
         normalizer=rl.loss_normalizer)
     m = dict(m, entropy_sum=jnp.sum(mask * jax.lax.stop_gradient(entropy)), micro=jnp.ones(()))
@@ -137,25 +145,25 @@ class RLStepFns:
     """The RL step and what it was built from.
 
     rl_step(state, batch) -> (state, metrics): jitted; `state` is a `TrainState` (donated), `batch`
-    the arrays of `make_batch` (numpy or device). With beta > 0 the frozen reference weights are
-    held here (`ref_params`, `ref_buffers`) and passed to the jitted function as arguments.
-    pure_step(state, batch, ref) -> (state, metrics): the un-jitted function (ref = None or
-    (params, buffers)), for callers that compose it into a bigger program.
+    the arrays of `make_batch` (numpy, or placed with `place_batch`). With beta > 0 the frozen
+    reference weights (`ref`: (params, buffers), placed like the state) are held here and passed
+    to the jitted function as arguments. pure_step(state, batch, ref) -> (state, metrics): the
+    un-jitted function (ref None or (params, buffers)) for callers that compose it into a bigger
+    program. fns: the builder's StepFns (placement, merge, param/master dtypes, optimizer).
     """
     rl_step: Callable
     pure_step: Callable
-    graphdef: Any
-    abstract_params: Any
-    abstract_buffers: Any
-    tx: Any
-    ref_params: dict | None = None
-    ref_buffers: dict | None = None
+    fns: StepFns
+    ref: tuple | None = None
 
     def merge(self, params: dict, buffers: dict):
-        """A model module holding `params` and `buffers` (e.g. to hand to the inference engine)."""
-        from composer_jax.train.step import merge_model
-        return merge_model(self.graphdef, self.abstract_params, self.abstract_buffers, params,
-                           buffers)
+        """A model module holding `params` (cast to model.param_dtype) and `buffers`, e.g. to
+        hand to the inference engine."""
+        return self.fns.merge(params, buffers)
+
+    def place_batch(self, batch: dict) -> dict:
+        """This host's share of a batch (numpy) as global arrays on the mesh (or as is)."""
+        return self.fns.place_batch(batch)
 
 
 def make_rl_step(graphdef, abstract_params, abstract_buffers, tx, cfg: Config, pc=None):
@@ -190,30 +198,29 @@ def make_rl_step(graphdef, abstract_params, abstract_buffers, tx, cfg: Config, p
 
 def build_rl_step(model, cfg: Config, mesh=None) -> tuple[RLStepFns, TrainState]:
     """The RL step for `model` (an nnx Transformer holding the initial policy) and `cfg`, with the
-    initial TrainState. The reference policy (beta > 0 only) is a frozen copy of these weights.
-
-    mesh: not supported yet (one device or the default device); the builder's placement of the
-    RL batch fields comes with `composer_jax.train.placement`'s schema support.
-    """
-    if mesh is not None:
-        raise NotImplementedError("build_rl_step: mesh placement of the RL step is not wired yet; "
-                                  "run it on one device (mesh=None)")
-    graphdef, params_state, buffer_state = nnx.split(model, nnx.Param, ...)
-    axes, paths = _axes_and_paths(params_state)
-    tx = make_optimizer(cfg.train, axes, paths)
-    abstract_params = jax.tree.map(lambda x: x, params_state)
-    abstract_buffers = jax.tree.map(lambda x: x, buffer_state)
-    pure = make_rl_step(graphdef, abstract_params, abstract_buffers, tx, cfg)
-    params, buffers = nnx.to_pure_dict(params_state), nnx.to_pure_dict(buffer_state)
-    state = initial_state(params, buffers, tx)
-    ref_p = ref_b = None
-    if cfg.rl.kl_coef > 0:      # a frozen copy (the state's buffers are donated by the step)
-        ref_p, ref_b = jax.tree.map(jnp.copy, params), jax.tree.map(jnp.copy, buffers)
+    initial TrainState (placed on `mesh` when given: the builder's `Placement`, the batch fields by
+    `RL_FIELDS`). The reference policy (beta > 0 only) is a frozen copy of the initial weights,
+    sharded like the policy; with beta = 0 none is kept and its pass is skipped."""
+    fns, state = build(model, cfg, mesh, loss=RL_POLICY_LOSS)
+    pc = None if mesh is None else context_from_config(mesh, cfg.mesh)
+    pure = make_rl_step(fns.graphdef, fns.abstract_params, fns.abstract_buffers, fns.tx, cfg, pc)
+    ref = None
+    if cfg.rl.kl_coef > 0:      # a frozen copy (the state itself is donated by every step)
+        ref = (jax.tree.map(jnp.copy, state.params), jax.tree.map(jnp.copy, state.buffers))
+    if pc is None:
         jitted = jax.jit(pure, donate_argnums=0)
-        step = lambda s, b: jitted(s, b, (ref_p, ref_b))   # noqa: E731
     else:
-        step = jax.jit(lambda s, b: pure(s, b, None), donate_argnums=0)
-    fns = RLStepFns(rl_step=step, pure_step=pure, graphdef=graphdef,
-                    abstract_params=abstract_params, abstract_buffers=abstract_buffers, tx=tx,
-                    ref_params=ref_p, ref_buffers=ref_b)
-    return fns, state
+        st, rep = fns.placement.state, fns.placement.replicated
+        ref_sh = None if ref is None else (st.params, st.buffers)
+        if any(t == AxisType.Explicit for t in mesh.axis_types):
+            pure_fn = jax.sharding.auto_axes(pure, out_sharding=(st, rep))
+        else:
+            pure_fn = pure
+        jitted = api.jit_with_context(pure_fn, pc, in_shardings=(st, None, ref_sh),
+                                      out_shardings=(st, rep), donate_argnums=(0,))
+    step = functools.partial(_call_with_ref, jitted, ref)
+    return RLStepFns(rl_step=step, pure_step=pure, fns=fns, ref=ref), state
+
+
+def _call_with_ref(jitted, ref, state, batch):
+    return jitted(state, batch, ref)

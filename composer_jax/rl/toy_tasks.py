@@ -20,7 +20,9 @@ Public API (what `rl_async` builds on):
     grade(task, reply)                -> (reward, resolved)  the rule
     toy_tokenizer()                   -> Tokenizer           byte-level BPE with the specials
     toy_model_config(vocab_size)      -> ModelConfig         `tiny` with the tokenizer's vocab
+    toy_config(lr, seed, **rl)        -> Config              the settings of the learning runs
     prompt_ids(tokenizer, task)       -> list[int]           BOS + chat template + generation prompt
+    run_episode(engine, tokenizer, task, group_id=, rollout_id=) -> Rollout  one episode
     run_group(engine, tokenizer, tasks, group_size, ...) -> list[Rollout]  (G episodes per task)
     rollout_from_completion(...)      -> Rollout             one finished engine request
     train_toy(...)                    -> list[dict]          the whole loop (sample, train, swap)
@@ -97,6 +99,17 @@ def toy_model_config(vocab_size: int = 320):
     return dataclasses.replace(tiny(), name="tiny_toy", vocab_size=vocab_size, mtp_depth=0)
 
 
+def toy_config(lr: float = 3e-3, seed: int = 0, **rl):
+    """The Config of the toy runs: `toy_model_config`, Adam at a constant `lr` without weight
+    decay, Dr.GRPO with truncated IS and loss_normalizer 64 (about the tokens of one step);
+    `rl` overrides RLConfig fields."""
+    from composer_jax.config import Config, RLConfig, TrainConfig
+    return Config(model=toy_model_config(), seed=seed,
+                  rl=RLConfig(**{"loss_normalizer": 64.0, **rl}),
+                  train=TrainConfig(lr=lr, warmup_steps=0, steps=10_000, schedule="constant",
+                                    weight_decay=0.0, grad_clip=1.0))
+
+
 def prompt_ids(tokenizer, task: ToyTask) -> list[int]:
     """BOS + the chat template of the task + the assistant generation prompt."""
     from composer_jax.data.chat import encode_prompt
@@ -123,27 +136,46 @@ def rollout_from_completion(task: ToyTask, group_id: str, prompt: Sequence[int],
                    info={"reply": reply, "kind": task.kind})
 
 
+def sampling_params(tokenizer, max_new_tokens: int = 6, temperature: float = 1.0,
+                    seed: int | None = None):
+    """The engine sampling of a toy turn: stops at `<|im_end|>` or after max_new_tokens."""
+    from composer_jax.inference.sampling import SamplingParams
+    return SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                          stop_tokens=(tokenizer.token_to_id(st.IM_END),), seed=seed)
+
+
+def run_episode(engine, tokenizer, task: ToyTask, *, group_id: str, rollout_id: str,
+                max_new_tokens: int = 6, temperature: float = 1.0,
+                seed: int | None = None) -> Rollout:
+    """One episode of `task` in its own engine session (started engine or not: `Engine.wait`
+    steps it when no driver runs) -> its graded Rollout. Thread-safe like the engine."""
+    ids = prompt_ids(tokenizer, task)
+    rid = engine.submit(ids, sampling_params(tokenizer, max_new_tokens, temperature, seed),
+                        session=rollout_id)
+    try:
+        c = engine.wait(rid)
+    finally:
+        engine.end_session(rollout_id)
+    return rollout_from_completion(task, group_id, ids, c, tokenizer, rollout_id=rollout_id)
+
+
 def run_group(engine, tokenizer, tasks: Sequence[ToyTask], group_size: int, *,
               max_new_tokens: int = 6, temperature: float = 1.0, step: int = 0) -> list[Rollout]:
-    """group_size episodes of every task on `engine` (each in its own engine session, ended after
-    its turn), sampled concurrently -> rollouts, group id = task id (+ step)."""
-    from composer_jax.inference.sampling import SamplingParams
-    im_end = tokenizer.token_to_id(st.IM_END)
-    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
-                            stop_tokens=(im_end,))
+    """group_size episodes of every task on `engine`, all submitted before any is awaited (so they
+    decode together), each in its own engine session -> rollouts; group id = task id/step."""
+    params = sampling_params(tokenizer, max_new_tokens, temperature)
     jobs = []
     for t in tasks:
         ids = prompt_ids(tokenizer, t)
         for g in range(group_size):
             session = f"{t.task_id}/{step}/{g}"
             jobs.append((t, ids, session, engine.submit(ids, params, session=session)))
-    engine.run()
     out = []
     for t, ids, session, rid in jobs:
-        c = engine.completions[rid]
+        c = engine.wait(rid)
+        engine.end_session(session)
         out.append(rollout_from_completion(t, f"{t.task_id}/{step}", ids, c, tokenizer,
                                            rollout_id=session))
-        engine.end_session(session)
     return out
 
 

@@ -20,6 +20,21 @@ from composer_jax.errors import CheckpointError
 from composer_jax.runlog import run_path
 
 
+# ModelConfig fields that choose how the model is computed, not what its weights mean: a run may
+# resume with other values (e.g. turn on remat, switch the MoE kernel or the matmul precision).
+EXECUTION_FIELDS = frozenset({
+    "name", "remat", "precision", "moe_impl", "attention_kv_block", "moe_capacity_factor",
+    "quant_bf16_last_blocks", "compute_dtype", "router_bias_update_rate", "seq_aux_loss_coef",
+    "init_std"})
+
+
+def weight_meaning(model_cfg) -> dict:
+    """The fields of a ModelConfig that change the meaning of its weights (shapes, routing,
+    normalisation, positions): everything but `EXECUTION_FIELDS`."""
+    d = to_dict(model_cfg)
+    return {k: v for k, v in d.items() if k not in EXECUTION_FIELDS}
+
+
 class Checkpointer:
     def __init__(self, directory, cfg: Config, every: int, keep: int):
         self.directory = run_path(directory)     # a URL (gs://...) is used as given
@@ -65,7 +80,7 @@ class Checkpointer:
                 now = to_dict(self.cfg.model)
                 then = meta.get("model", {})
                 diff = {k: (then.get(k, "<default>"), now.get(k)) for k in set(now) | set(then)
-                        if then.get(k, now.get(k)) != now.get(k)}
+                        if then.get(k, now.get(k)) != now.get(k) and k not in EXECUTION_FIELDS}
                 raise CheckpointError(
                     f"checkpoint step {step} in {self.directory} was written by a different model "
                     f"config (checkpoint vs now: {diff}); use another --workdir or the same config")
@@ -85,13 +100,16 @@ class Checkpointer:
         return None
 
     def _same_model(self, saved: dict) -> bool:
-        """Whether a checkpoint's model config equals ours; keys the checkpoint predates take their
-        defaults (configs only ever gain fields with defaults)."""
+        """Whether a checkpoint's model config means the same weights as ours: every field but the
+        execution choices (`EXECUTION_FIELDS`: remat, precision, kernels, blocking, dtypes of the
+        computation) is equal; keys the checkpoint predates take their defaults (configs only ever
+        gain fields with defaults)."""
         from composer_jax.config import ModelConfig, from_dict
         try:
-            return from_dict(ModelConfig, saved) == self.cfg.model
+            then = from_dict(ModelConfig, saved)
         except Exception:  # noqa: BLE001  (an unknown or invalid field: not the same model)
             return False
+        return weight_meaning(then) == weight_meaning(self.cfg.model)
 
     def _set_aside(self, bad_steps: list[int]) -> None:
         """Moves unreadable checkpoints out of the manager's way (kept for inspection, not

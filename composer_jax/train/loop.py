@@ -9,8 +9,10 @@ loss-curve PNG at the end.
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import time
+from typing import Any
 
 import jax
 from tqdm.auto import tqdm
@@ -21,9 +23,28 @@ from composer_jax.model.flops import flops_per_token
 from composer_jax.runlog import (MetricsWriter, StepProfiler, is_remote, metric_series,
                                  read_metrics, run_path)
 from composer_jax.train.checkpoint import Checkpointer
-from composer_jax.train.mfu import peak_flops_per_device
+from composer_jax.train.mfu import measured_matmul_flops, peak_flops_per_device
 from composer_jax.train.schedules import make_schedule
 from composer_jax.train.step import build, build_fresh
+from composer_jax.train.weights import load_weights, source_kind
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What `train` returns. metrics: the last logged metrics (name -> float); state: the final
+    TrainState (on the mesh); fns: the StepFns (merge, placement, steps); tokenizer: the run's
+    tokenizer; interrupted: stopped early (SIGTERM / interrupt_at) after saving a checkpoint."""
+    metrics: dict
+    state: Any
+    fns: Any
+    tokenizer: Any
+    interrupted: bool
+
+    def model(self):
+        """The trained model as one host-resident nnx module (weights gathered off the mesh, in
+        model.param_dtype)."""
+        params, buffers = jax.device_get((self.state.params, self.state.buffers))
+        return self.fns.merge(params, buffers)
 
 
 class NonFiniteLossError(ComposerError):
@@ -42,19 +63,13 @@ def training_mesh(cfg: Config):
 
 
 def _build(cfg: Config, mesh):
-    """(StepFns, initial TrainState): a fresh model (`build_fresh`), or a Hugging Face checkpoint
-    loaded on the host and then placed."""
-    src = cfg.train.init_from
-    path = run_path(src) if src else None
-    if not src or (path / "checkpoints").is_dir():   # a previous run: params restored in train()
+    """(StepFns, initial TrainState): a fresh model (`build_fresh`; a previous run's weights are
+    restored into it in `train`), or a Hugging Face checkpoint loaded on the host and then placed
+    (`composer_jax.train.weights`)."""
+    if source_kind(cfg.train.init_from) != "hf":
         return build_fresh(cfg, mesh)
-    if (path / "config.json").exists() and list(path.glob("*.safetensors")):
-        from composer_jax.model.hf import load_hf
-        hf_cfg, model = load_hf(path, dtype=cfg.model.param_dtype.value)
-        return build(model, cfg, mesh)
-    raise ComposerError(f"train.init_from={src!r} is not a Hugging Face checkpoint directory "
-                        f"(config.json + *.safetensors); use '' for a fresh model, or resume a run "
-                        f"by reusing its --workdir")
+    w = load_weights(cfg.train.init_from, cfg)
+    return build(w.model(), cfg, mesh)
 
 
 def _data(cfg: Config, workdir: pathlib.Path, kind: str, start_state):
@@ -116,8 +131,8 @@ def plot_curves(workdir: pathlib.Path) -> pathlib.Path | None:
 
 
 def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
-          interrupt_at: int | None = None) -> dict:
-    """Runs (or resumes) training; returns the last logged metrics.
+          interrupt_at: int | None = None) -> TrainResult:
+    """Runs (or resumes) training; returns a TrainResult (the last logged metrics, the state).
 
     interrupt_at: behave as if SIGTERM arrived during that step (tests of the resume path).
     """
@@ -127,17 +142,13 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     fns, state = _build(cfg, mesh)
     ckpt = Checkpointer(workdir / "checkpoints", cfg, tc.checkpoint_every, tc.keep_checkpoints)
     restored = ckpt.restore_latest(state)
-    if restored is None and tc.init_from and (run_path(tc.init_from) / "checkpoints").is_dir():
+    if restored is None and source_kind(tc.init_from) == "run":
         # Start a new stage (e.g. long-context extension) from another run's latest weights: the
         # parameters and router biases carry over; optimizer state, step and data start afresh.
-        src = Checkpointer(run_path(tc.init_from) / "checkpoints", cfg, 1, 1)
-        found = src.restore_latest(state, check_config=False)
-        src.close()
-        if found is None:
-            raise ComposerError(f"train.init_from={tc.init_from!r} holds no checkpoint")
-        state = state.replace(params=found[0].params, buffers=found[0].buffers,
-                              opt_state=fns.init_opt_state(found[0].params))
-        print(f"initialised from {tc.init_from} (step {found[2]})")
+        w = load_weights(tc.init_from, cfg, template=state)
+        state = state.replace(params=w.params, buffers=w.buffers,
+                              opt_state=fns.init_opt_state(w.params))
+        print(f"initialised from {tc.init_from} (step {w.step})")
     data_state = None
     if restored is not None:
         state, data_state, step = restored
@@ -147,6 +158,8 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     ckpt.install_sigterm_handler()
     flops_tok = flops_per_token(cfg.model, cfg.data.seq_len)["total"]
     peak, peak_src = peak_flops_per_device()
+    # CPU: besides the theoretical peak, the matmul rate this build achieves here (not a peak)
+    matmul_rate = None if peak_src.startswith("spec sheet") else measured_matmul_flops()
     n_dev = mesh.size
     lr_at = make_schedule(tc)
     start = int(state.step)
@@ -154,7 +167,8 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     print(f"mesh: {n_dev} {mesh.devices.flat[0].platform} device(s) {sizes or ''} "
           f"rules {cfg.mesh.rules}")
     print(f"training {cfg.model.name} for {tc.steps} steps from step {start}; "
-          f"{flops_tok:.3g} FLOPs/token; peak {peak:.3g} FLOP/s/device ({peak_src})")
+          f"{flops_tok:.3g} FLOPs/token; peak {peak:.3g} FLOP/s/device ({peak_src})"
+          + (f"; achieved matmul rate {matmul_rate:.3g} FLOP/s" if matmul_rate else ""))
     lead = jax.process_index() == 0          # the one process that writes logs and plots
     writer = MetricsWriter(workdir, enabled=lead, config=cfg)
     profiler = StepProfiler(workdir, tc.profile_steps, enabled=lead)
@@ -184,6 +198,8 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
                 dt = time.perf_counter() - t_log
                 tps = tokens_since / dt
                 m.update(tokens_per_sec=tps, mfu=tps * flops_tok / (peak * n_dev),
+                         **({"frac_of_achieved_matmul_rate": tps * flops_tok / matmul_rate}
+                            if matmul_rate else {}),
                          lr=float(lr_at(step)), skipped_total=float(state.nonfinite_total))
                 if eval_now and eval_batches:
                     m["val_loss"] = evaluate(fns, state, eval_batches)
@@ -210,8 +226,5 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     png = plot_curves(workdir) if lead else None
     if png:
         print(f"loss curve: {png}")
-    last["_state"] = state
-    last["_fns"] = fns
-    last["_tokenizer"] = tokenizer
-    last["_interrupted"] = done < tc.steps
-    return last
+    return TrainResult(metrics=last, state=state, fns=fns, tokenizer=tokenizer,
+                       interrupted=done < tc.steps)

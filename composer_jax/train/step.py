@@ -278,7 +278,7 @@ def build_fns(model: Transformer, cfg: Config, mesh=None,
         rep = placement.replicated
         if any(t == AxisType.Explicit for t in mesh.axis_types):
             # sharding in types at the boundary; the step body runs with GSPMD propagation and
-            # the rules' constraints (`shard`), as the model's functions do (parallel/api.py)
+            # the rules' constraints (`shard`), as the model's functions do
             train_step = jax.sharding.auto_axes(train_step, out_sharding=(placement.state, rep))
             eval_step = jax.sharding.auto_axes(eval_step, out_sharding=rep)
         train_jit = api.jit_with_context(train_step, pc, in_shardings=(placement.state, None),

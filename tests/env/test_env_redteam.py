@@ -7,7 +7,6 @@ interpreter's start-up or process exit must also be reported as tampering (rewar
 import hashlib
 import json
 
-import pytest
 
 from composer_jax.env.agents import OracleAgent, null_agent
 from composer_jax.env.episode import run_episode

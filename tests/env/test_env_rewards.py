@@ -35,7 +35,7 @@ def test_components_and_total():
     assert r.base == 1.0 and r.resolved == 1.0
     x = cfg.reward_length_token_weight * 300 + 3 * cfg.reward_length_call_weight + 3
     assert r.length == pytest.approx(cfg.reward_length_coef * length_penalty(x, 0.01, 2.0))
-    assert r.valid_calls == pytest.approx(3 * cfg.reward_valid_call)
+    assert r.valid_calls == pytest.approx(cfg.reward_valid_call)      # resolved, 3 of 3 valid
     assert r.total == pytest.approx(1.0 + r.valid_calls - r.length)
     p = _reward(cfg, f2p_fraction=0.5)
     assert p.base == 0.25
@@ -53,14 +53,21 @@ def test_invalid_call_never_pays_better_than_valid():
         assert invalid.total < valid.total
     many = _reward(cfg, num_calls=100, num_invalid_calls=100)
     assert many.invalid_calls == cfg.reward_invalid_call_cap
-    # exhaustively: turning any one valid call into an invalid one never raises the total, with
-    # or without the valid-call bonus and at every point of both caps
-    for c in (cfg, EnvConfig(reward_valid_call=0.2, reward_valid_call_cap=0.4)):
-        for calls in range(0, 30):
-            for bad in range(0, calls):
-                more_bad = _reward(c, num_calls=calls, num_invalid_calls=bad + 1)
-                assert more_bad.total <= _reward(c, num_calls=calls, num_invalid_calls=bad).total
-    assert _reward(cfg, num_calls=100).valid_calls == cfg.reward_valid_call_cap
+    # exhaustively: turning any one valid call into an invalid one never raises the total
+    # (resolved, partially resolved or not, small or large valid-use weight, below and at the cap)
+    for c in (cfg, EnvConfig(reward_valid_call=0.5, reward_partial_credit=0.5)):
+        for resolved, frac in ((True, 1.0), (False, 0.5), (False, 0.0)):
+            for calls in range(0, 30):
+                for bad in range(0, calls):
+                    kw = dict(resolved=resolved, f2p_fraction=frac, num_calls=calls)
+                    more_bad = _reward(c, num_invalid_calls=bad + 1, **kw)
+                    assert more_bad.total <= _reward(c, num_invalid_calls=bad, **kw).total
+    # valid use pays accuracy in proportion to success: nothing for an unresolved episode, the
+    # same for 1 or 100 valid calls
+    assert _reward(cfg, num_calls=5).valid_calls == 0.0
+    assert _reward(cfg, resolved=True, num_calls=100).valid_calls == cfg.reward_valid_call
+    assert _reward(cfg, resolved=True, num_calls=4, num_invalid_calls=1).valid_calls == \
+        pytest.approx(0.75 * cfg.reward_valid_call)
 
 
 def test_effort_from_real_token_counts():

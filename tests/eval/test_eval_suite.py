@@ -1,6 +1,5 @@
 """The versioned suite: selection by category and size, manifest hashes, prompts."""
 import dataclasses
-import json
 import statistics
 
 import pytest

@@ -8,13 +8,12 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from composer_jax.inference import Engine, SamplingParams
 from composer_jax.inference.requests import EngineStoppedError
 from composer_jax.inference.sampling import processed_logprobs
 
-from inference_testlib import ENGINE, init_model, tiny2
+from inference_testlib import ENGINE
 
 SP = SamplingParams(temperature=1.0, max_new_tokens=6)
 
@@ -100,6 +99,10 @@ def test_cancel_running_request_keeps_session_usable(split):
     assert len(nxt.tokens) == SP.max_new_tokens
     fresh = eng.wait(eng.submit([4, 5, 6] + c.tokens + [7], dataclasses.replace(SP, seed=4)))
     assert nxt.tokens == fresh.tokens
+    eng.end_session("c")                    # the name now starts a new, empty conversation
+    again = eng.wait(eng.submit([7], dataclasses.replace(SP, seed=4), session="c"))
+    alone = eng.wait(eng.submit([7], dataclasses.replace(SP, seed=4)))
+    assert again.tokens == alone.tokens
 
 
 def test_finished_requests_are_pruned(split):

@@ -68,45 +68,60 @@ def test_cached_prefill_and_decode_match_full_forward(model, split):
     assert worst <= 2e-6, worst
 
 
+def _mixed_precision_model(quant_bf16_last_blocks=1):
+    import dataclasses
+    from inference_testlib import init_model, tiny2
+    cfg = dataclasses.replace(tiny2(), num_layers=3, precision="mxfp8",
+                              quant_bf16_last_blocks=quant_bf16_last_blocks)
+    return cfg, init_model(cfg, seed=0, std=0.1)
+
+
+def test_cached_forward_and_mtp_use_training_precision_under_mixed_precision():
+    """precision=mxfp8 with quant_bf16_last_blocks=1 (layer 0 dense mxfp8, MoE layer 1 mxfp8,
+    MoE layer 2 and the MTP modules BF16): the cached forward drives the layers with the training
+    forward's driver, so prefill logits and the MTP module's logits equal the training forward's;
+    quantizing every block instead moves them far beyond the tolerance (the check can fail)."""
+    from composer_jax.inference.forward import mtp_cached
+    from inference_testlib import log_softmax
+    cfg, model = _mixed_precision_model()
+    graphdef, state = nnx.split(model)
+    prompt = [3, 14, 15, 92, 65, 35, 7, 200]
+    n = len(prompt)
+    toks = jnp.asarray([prompt], jnp.int32)
+    win = make_window(jnp.zeros(1, jnp.int32), jnp.full(1, n), n, 16)
+
+    @jax.jit
+    def both(st):
+        train = nnx.merge(graphdef, st)(toks)
+        o, cache = forward_cached(graphdef, st, init_cache(cfg, 1, 16, with_mtp=True), toks, win)
+        nxt = jnp.pad(toks[:, 1:], ((0, 0), (0, 1)))
+        mtp = mtp_cached(graphdef, st, cache, 0, o.hidden, nxt, win)[0]
+        return train.logits, train.mtp_logits[0], o.logits, mtp
+
+    train, train_mtp, cached, mtp = both(state)
+    np.testing.assert_allclose(log_softmax(cached[0]), log_softmax(train[0]), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(mtp[0, :n - 1], train_mtp[0, :n - 1], atol=2e-5, rtol=0)
+    all_q = nnx.merge(*nnx.split(_mixed_precision_model(0)[1]))
+    other = jax.jit(lambda t: all_q(t).logits)(toks)
+    assert np.max(np.abs(log_softmax(other[0]) - log_softmax(train[0]))) > 1e-3
+
+
 def test_engine_logprobs_equal_training_forward_under_mixed_precision():
-    """precision=mxfp8 with quant_bf16_last_blocks=1: the engine samples with the training
-    forward's per-layer precision (the shared layer driver), so its temperature-1 logprobs equal
-    the training forward's log-softmax; the MTP module's cached logits equal the training MTP
-    logits (its BF16 rule is shared too)."""
+    """The engine's temperature-1 logprobs of sampled tokens equal the training forward's
+    log-softmax for precision=mxfp8 with quant_bf16_last_blocks=1."""
     import dataclasses
 
     from composer_jax.inference import Engine, SamplingParams
-    from inference_testlib import ENGINE, init_model, log_softmax, tiny2
+    from inference_testlib import ENGINE, log_softmax
 
-    cfg = dataclasses.replace(tiny2(), num_layers=3, precision="mxfp8", quant_bf16_last_blocks=1)
-    model = init_model(cfg, seed=0, std=0.1)
+    cfg, model = _mixed_precision_model()
     graphdef, state = nnx.split(model)
     eng = Engine(graphdef, state, dataclasses.replace(ENGINE, capture_router=False))
     prompt = [3, 14, 15, 92, 65, 35]
     rid = eng.submit(prompt, SamplingParams(temperature=1.0, max_new_tokens=6, seed=1))
     c = eng.run()[rid]
     seq = jnp.asarray([prompt + c.tokens], jnp.int32)
-    train_fwd = jax.jit(lambda st, t: nnx.merge(graphdef, st)(t))
-    out = train_fwd(state, seq)
+    out = jax.jit(lambda st, t: nnx.merge(graphdef, st)(t))(state, seq)
     ref = log_softmax(out.logits[0])[len(prompt) - 1:-1][np.arange(6), c.tokens]
     np.testing.assert_allclose(c.logprobs, ref, atol=1e-5)
     np.testing.assert_allclose(c.raw_logprobs, ref, atol=1e-5)
-    # the check can fail: quantizing the last block too moves the logprobs by far more
-    all_q = nnx.merge(*nnx.split(init_model(dataclasses.replace(cfg, quant_bf16_last_blocks=0),
-                                            seed=0, std=0.1)))
-    other = log_softmax(jax.jit(lambda t: all_q(t).logits)(seq)[0])[len(prompt) - 1:-1]
-    assert np.max(np.abs(other[np.arange(6), c.tokens] - ref)) > 1e-3
-    # MTP depth 0 over the prompt: cached (inference) logits == training MTP logits
-    from composer_jax.inference.forward import mtp_cached
-    n = len(prompt)
-    toks = jnp.asarray([prompt], jnp.int32)
-    win = make_window(jnp.zeros(1, jnp.int32), jnp.full(1, n), n, 32)
-
-    @jax.jit
-    def cached(st):
-        o, cache = forward_cached(graphdef, st, init_cache(cfg, 1, 32), toks, win)
-        nxt = jnp.pad(toks[:, 1:], ((0, 0), (0, 1)))
-        return mtp_cached(graphdef, st, cache, 0, o.hidden, nxt, win)[0]
-
-    mtp_ref = train_fwd(state, toks).mtp_logits[0, 0, :n - 1]
-    np.testing.assert_allclose(cached(state)[0, :n - 1], mtp_ref, atol=2e-5, rtol=0)

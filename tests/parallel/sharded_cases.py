@@ -27,7 +27,8 @@ from composer_jax.config import MeshConfig, tiny  # noqa: E402
 from composer_jax.model import init_model  # noqa: E402
 from composer_jax.model.layers import Ctx  # noqa: E402
 from composer_jax.model.moe import dispatch_dense  # noqa: E402
-from composer_jax.parallel import api, context_from_config, make_mesh  # noqa: E402
+from composer_jax.parallel import context_from_config, make_mesh  # noqa: E402
+import sharded_api as api  # noqa: E402
 from composer_jax.parallel.expert import dispatch_expert_parallel  # noqa: E402
 
 # name -> (MeshConfig kwargs, what to check)

@@ -74,7 +74,7 @@ def run(workdir: pathlib.Path, name: str) -> dict:
     return {"case": name, "loss": {r["step"]: r["loss"] for r in rows if "loss" in r},
             "val": {r["step"]: r["val_loss"] for r in rows if "val_loss" in r},
             "grad_norm": {r["step"]: r["grad_norm"] for r in rows if "grad_norm" in r},
-            "step": int(last["_state"].step), **layout(last["_state"])}
+            "step": int(last.state.step), **layout(last.state)}
 
 
 def main(root: str, names: list[str]) -> None:

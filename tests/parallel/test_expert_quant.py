@@ -142,7 +142,8 @@ def run_model_case(fmt):
 
     from composer_jax.config import MeshConfig, tiny
     from composer_jax.model import init_model
-    from composer_jax.parallel import api, context_from_config, make_mesh
+    from composer_jax.parallel import context_from_config, make_mesh
+    import sharded_api as api
     from sharded_cases import packed_batch
 
     cfg = dataclasses.replace(tiny(), precision=fmt)

@@ -63,7 +63,8 @@ def _routing_case(mc):
     import numpy as np
 
     from composer_jax.model.moe import route_local
-    from composer_jax.parallel import api, context_from_config, make_mesh
+    from composer_jax.parallel import context_from_config, make_mesh
+    import sharded_api as api
 
     cfg = model_config()
     rng = np.random.default_rng(0)
@@ -74,7 +75,7 @@ def _routing_case(mc):
     replay = jnp.asarray(rng.permuted(np.tile(np.arange(E), (B, T, 1)), axis=-1)[..., :2],
                          jnp.int32)
     pc = context_from_config(make_mesh(mc, axis_type=mc.axis_type), mc)
-    tok = api.batch_shardings({"x": seg}, pc)["x"]
+    tok = api.batch_shardings({"segment_ids": seg}, pc)["segment_ids"]
     place3 = jax.sharding.NamedSharding(pc.mesh, jax.sharding.PartitionSpec(*tok.spec, None))
     res = {}
     def routing(with_replay):
@@ -107,7 +108,8 @@ def _model_case(mc):
     from flax import nnx
 
     from composer_jax.model import init_model
-    from composer_jax.parallel import api, context_from_config, make_mesh
+    from composer_jax.parallel import context_from_config, make_mesh
+    import sharded_api as api
     cfg = model_config()
     assert cfg.hidden_size == D
     graphdef, params = nnx.split(init_model(cfg))

@@ -45,7 +45,7 @@ def test_grouped_gemm_stand_in_has_native_shapes_and_memory():
     """In a fresh process (the stand-in replaces ragged_dot's CPU lowering process-wide)."""
     script = textwrap.dedent("""
         import jax, jax.numpy as jnp
-        from composer_jax.parallel.plan import use_native_grouped_gemm_memory
+        from composer_jax.train.plan import use_native_grouped_gemm_memory
         x = jax.ShapeDtypeStruct((4096, 256), jnp.bfloat16)
         w = jax.ShapeDtypeStruct((32, 256, 128), jnp.bfloat16)
         gs = jax.ShapeDtypeStruct((32,), jnp.int32)

@@ -219,3 +219,26 @@ def test_context_overflow_self_summarizes_into_segments(setup):
     assert [w for _, w in r.samples()] == [r.total_reward] * len(r.segments)
     back = Rollout.from_bytes(r.to_bytes())
     assert back.to_bytes() == r.to_bytes() and len(back.segments) == len(r.segments)
+
+
+def test_a_crashed_episode_becomes_an_error_rollout(setup):
+    tok, graphdef, state, env_cfg, task, d = setup
+    engine = _engine(graphdef, state)
+
+    def wrap(policy):
+        def crashing(request):
+            if request.turn_index == 1:
+                raise RuntimeError("policy server went away")
+            return policy(request)
+        return crashing
+
+    try:
+        r = _oracle_run(setup, engine, wrap=wrap)
+    finally:
+        engine.stop()
+    assert r.error.startswith("RuntimeError: policy server went away")
+    assert r.total_reward == 0.0 and r.reward == {"total": 0.0}
+    assert len(r.segments) == 1 and r.segments[0].end_reason == "error"
+    assert len(r.segments[0].turns) == 1 and r.segments[0].num_trainable > 0
+    assert not engine._sessions                     # the episode's session was ended
+    assert Rollout.from_bytes(r.to_bytes()).to_bytes() == r.to_bytes()

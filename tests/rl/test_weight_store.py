@@ -1,7 +1,6 @@
 """Weight store: bit-exact versions, delta compression, corruption and torn-write handling, catch-up,
 garbage collection, sharded publishing and the engine hand-off."""
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -108,6 +107,40 @@ def test_unchanged_version_costs_no_chunks_and_big_delta_becomes_snapshot():
     big = store.publish(2, moved)
     assert first.bytes < 1000 and big.kind == "full" and big.bytes > 10 * first.bytes
     _assert_version(store.fetch(2), _shipped(moved))
+
+
+class _CountingTransport(MemoryTransport):
+    read = []
+
+    def get_blob(self, key):
+        self.read.append(key)
+        return super().get_blob(key)
+
+
+def test_scheduled_snapshot_carries_the_delta_for_up_to_date_readers():
+    rng = np.random.default_rng(8)
+    t = _CountingTransport()
+    t.read = []
+    pub = WeightPublisher(t, WeightSyncSettings(full_snapshot_every=3, chunk_elems=1000))
+    reader = WeightReader(t, "engine")
+    p = _params(rng)
+    for v in range(7):
+        if v:
+            p = _step(p, rng)
+        stats = pub.publish(v, p)
+        t.read.clear()
+        _assert_version(reader.fetch(v), _shipped(p))
+        full_reads = [k for k in t.read if "/full/" in k]
+        if v in (3, 6):                       # snapshots: stored with the delta alongside
+            assert stats.kind == "full" and stats.bytes * 5 < stats.stored_bytes
+            assert not full_reads and any("/delta/" in k for k in t.read)
+        elif v:
+            assert stats.kind == "delta" and stats.bytes == stats.stored_bytes
+            assert not full_reads
+    # A reader that joins late starts from the snapshot at 6.
+    t.read.clear()
+    _assert_version(WeightReader(t).fetch(6), _shipped(p))
+    assert any("v000000000006/full/" in k for k in t.read)
 
 
 def test_corrupted_chunk_is_detected(tmp_path):

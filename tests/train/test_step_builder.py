@@ -13,7 +13,7 @@ from composer_jax.errors import ConfigError
 from composer_jax.model import init_model
 from composer_jax.parallel.batch_schema import LM_FIELDS, ROUTER_REPLAY_FIELDS, Field
 from composer_jax.train.loss_api import LossSpec, get_loss, register_loss
-from composer_jax.train.step import build
+from composer_jax.train.step import build, initial_state, make_step_fns
 
 SCHEMA = LM_FIELDS.extend(ROUTER_REPLAY_FIELDS).extend({
     "advantages": Field("float32", ("batch",)),
@@ -113,8 +113,6 @@ def test_master_fp32_keeps_updates_of_1e7_relative_size():
                      train=TrainConfig(steps=10, warmup_steps=0, master_dtype=master,
                                        microbatches=2))
         fns, state = build(init_model(model_cfg), cfg)
-        fns = dataclasses.replace(fns, tx=shrink)
-        from composer_jax.train.step import initial_state, make_step_fns
         step, _ = make_step_fns(fns.graphdef, fns.abstract_params, fns.abstract_buffers, shrink,
                                 cfg)
         state = initial_state(state.params, state.buffers, shrink, fns.master_dtype)

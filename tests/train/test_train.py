@@ -123,10 +123,10 @@ def test_interrupted_run_resumes_bitwise(tmp_path):
     cfg = _tiny_run_config(steps=6)
     full = train(cfg, tmp_path / "full")
     part = train(cfg, tmp_path / "resumed", interrupt_at=3)
-    assert int(part["_state"].step) == 3
+    assert int(part.state.step) == 3
     resumed = train(cfg, tmp_path / "resumed")
-    assert int(resumed["_state"].step) == 6
-    for a, b in zip(jax.tree.leaves(full["_state"]), jax.tree.leaves(resumed["_state"])):
+    assert int(resumed.state.step) == 6
+    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     rows = read_metrics(tmp_path / "full")
     assert all(np.isfinite(r["loss"]) for r in rows)
@@ -143,6 +143,10 @@ def test_checkpoint_from_another_config_is_refused(tmp_path):
     other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden_size=32))
     with pytest.raises(CheckpointError, match="different model config"):
         train(other, tmp_path)
+    # execution choices do not change what the weights mean: a resume may change them
+    remat = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full",
+                                                               attention_kv_block=16))
+    assert int(train(remat, tmp_path).state.step) == 2
 
 
 def test_corrupted_latest_checkpoint_falls_back(tmp_path, capsys):
@@ -158,4 +162,4 @@ def test_corrupted_latest_checkpoint_falls_back(tmp_path, capsys):
     longer = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=4))
     out = train(longer, tmp_path)
     assert "falling back" in capsys.readouterr().err
-    assert int(out["_state"].step) == 4
+    assert int(out.state.step) == 4

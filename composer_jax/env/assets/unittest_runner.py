@@ -195,9 +195,11 @@ def compare(before, after):
 
 
 def run_names(names, modules, _snapshot=integrity_snapshot, _compare=compare,
-              _classes_snapshot=classes_snapshot):
-    """Runs the tests (in this process) and returns the JSON result line (the integrity helpers
-    are bound as defaults, so rebinding the module's names does not reach this call)."""
+              _classes_snapshot=classes_snapshot, _dumps=json.dumps, _result_class=_Result,
+              _loader=unittest.defaultTestLoader, _time=time.time):
+    """Runs the tests (in this process) and returns the JSON result line (everything it uses after
+    the workspace is imported is bound as a default, so rebinding module names does not reach
+    this call)."""
     watched = _snapshot()
     classes, tests_watched = [], {}
     sys.path.insert(0, os.getcwd())
@@ -205,12 +207,12 @@ def run_names(names, modules, _snapshot=integrity_snapshot, _compare=compare,
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    start = time.time()
-    result = _Result()
+    start = _time()
+    result = _result_class()
     found = {}
     for name in names:
         try:
-            suite = unittest.defaultTestLoader.loadTestsFromName(name)
+            suite = _loader.loadTestsFromName(name)
         except BaseException as exc:  # the name does not resolve: that test errors
             result.outcomes[name] = "error"
             result.messages[name] = ("%s: %s" % (type(exc).__name__, exc))[:300]
@@ -250,24 +252,19 @@ def run_names(names, modules, _snapshot=integrity_snapshot, _compare=compare,
         integrity += _compare(tests_watched, _classes_snapshot(classes))
     except BaseException as exc:
         integrity.append("test classes could not be re-inspected: %s" % type(exc).__name__)
-    return _DUMPS({"results": result.outcomes, "messages": result.messages, "modules": found,
-                   "duration": time.time() - start, "class_times": times,
+    return _dumps({"results": result.outcomes, "messages": result.messages, "modules": found,
+                   "duration": _time() - start, "class_times": times,
                    "integrity": integrity[:50]})
 
 
 
-_DUMPS = json.dumps
-_WRITE = os.write
-_EXIT = os._exit
-
-
-def _emit(fd, nonce, body):
-    data = ("\n" + MARKER + nonce + ":" + body + "\n").encode()
+def _emit(fd, nonce, body, _write=os.write, _marker=MARKER):
+    data = ("\n" + _marker + nonce + ":" + body + "\n").encode()
     while data:
-        data = data[_WRITE(fd, data):]
+        data = data[_write(fd, data):]
 
 
-def main(argv):
+def main(argv, _emit=_emit, _exit=os._exit):
     """One-shot mode: read the nonce from stdin, run the tests named on the command line, print
     the result line, exit."""
     nonce = sys.stdin.readline().strip()
@@ -278,7 +275,7 @@ def main(argv):
     fd = os.dup(1)
     line = run_names(names, modules)
     _emit(fd, nonce, line)
-    _EXIT(0)
+    _exit(0)
 
 
 def serve():

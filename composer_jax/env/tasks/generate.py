@@ -9,6 +9,12 @@ passing tests, are dropped). Candidates of the configured kinds are then interle
 modules and validated in parallel (`validate.py`) until `num_tasks` tasks are in the pool or the
 batch runs dry, in which case the next batch is baselined. Every processed candidate is logged, so
 a rerun resumes where it stopped.
+
+Kinds (`env.kinds`, all from this one entry point, `generate_pool`): bug and multi_bug (`mutate.py`),
+feature, migration (`candidates.py`), refactor (`refactor.py`) and large_feature
+(`large_feature.py`). Every task records `lines_changed` (the reference patch's changed lines); the
+manifest and the summary give the median per kind. `env.modules` restricts the sources to named
+modules (tests and small evaluation pools).
 """
 from __future__ import annotations
 
@@ -253,8 +259,9 @@ class Generator:
     # -- validation -----------------------------------------------------------------------------
     def _validate(self, c: cands.Candidate):
         sx = self.workers.scratch(c.python_version)
+        cap = self.cfg.max_fail_to_pass * WIDE_KINDS.get(c.kind, 1)
         return check_candidate(sx, c.test_names, c.before, c.after, c.after_passing, self.cfg,
-                               max_fail_to_pass=self.cfg.max_fail_to_pass * WIDE_KINDS.get(c.kind, 1))
+                               max_fail_to_pass=cap)
 
     def _accept(self, c: cands.Candidate, verdict) -> None:
         edit = tuple(sorted(r for r in c.after if c.after[r] != c.before.get(r)))
@@ -326,6 +333,7 @@ class Generator:
         usable = sum(b.usable for b in self.baselines.values())
         return {"num_tasks": manifest["num_tasks"], "kinds": manifest["kinds"],
                 "versions": manifest["versions"], "sources": manifest["sources"],
+                "median_lines_changed": manifest["median_lines_changed"],
                 "packages_missing": self.packages_missing, "seconds": time.monotonic() - start,
                 "modules_baselined": len(self.baselines), "modules_usable": usable,
                 "stats": dict(self.stats)}

@@ -56,7 +56,7 @@ def large_feature_statement(module_file: str, label: str, stubs, test_file: str)
     for qual, doc in stubs:
         first = (doc or "").strip().splitlines()
         if first:
-            hints.append(f"`{qual}`: {first[0][:100]}")
+            hints.append(f"`{qual}`: {first[0][:100].rstrip('.')}")
     hint = (" Docstrings: " + "; ".join(hints[:6]) + ".") if hints else ""
     return (f"The implementation of {label} in {module_file} is missing: every body raises "
             f"NotImplementedError (signatures and docstrings are still there).{hint} Implement "

@@ -17,10 +17,11 @@ import pathlib
 class Task:
     """One validated task.
 
-    kind: bug | feature | migration | multi_bug; python_version: the interpreter that runs the
-    tests; source_version / test_version: where the module and the tests come from (they differ
-    for migrations); edit_files: files the reference fix changes; test_files: files that define
-    the tests (restored from the snapshot before grading); lines_changed: size of the fix.
+    kind: bug | feature | migration | multi_bug | refactor | large_feature; python_version: the
+    interpreter that runs the tests; source_version / test_version: where the module and the
+    tests come from (they differ for migrations); edit_files: files the reference fix changes;
+    test_files: files that define the tests (graded from the snapshot's version); lines_changed:
+    changed lines of the reference patch.
     origin: "stdlib" or "package"; package / package_version: the package a package task comes
     from (its version is then also the source and test version).
     """

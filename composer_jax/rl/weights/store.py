@@ -19,7 +19,8 @@ a full snapshot or a delta against the same part of the previous version: per sh
 of `chunk_elems` elements, the positions and XOR of the changed bit patterns, zstd-compressed
 (codec.py; unchanged chunks store nothing). A part is full on the first publish, every
 `full_snapshot_every` versions, when the shard layout changed, and whenever its delta would be
-larger than its last full snapshot. Every shard carries a checksum of its bit patterns and every
+larger than its last full snapshot; a scheduled snapshot also stores the delta, so readers that
+hold the previous version always fetch just the delta (the snapshot is for late joiners). Every shard carries a checksum of its bit patterns and every
 tensor one over its shards; readers verify both after each rebuilt version.
 
 Sharded trainers: a jax.Array leaf is published from this process's addressable shards with
@@ -86,12 +87,14 @@ class WeightSyncSettings:
 class PublishStats:
     """What one publish wrote (this process's part). ratio = raw_bytes / bytes."""
     version: int
-    kind: str                 # "full" or "delta"
-    bytes: int                # bytes written (compressed chunks; zarr snapshots count raw bytes)
+    kind: str                 # "full" (a snapshot, possibly with a delta alongside) or "delta"
+    bytes: int                # bytes a reader holding the previous version fetches (the delta
+                              # when there is one; zarr snapshots count raw bytes)
     raw_bytes: int            # size of the shipped bit patterns (the full bf16 copy)
     changed: int              # elements whose bit pattern changed vs the previous version
     elements: int
     seconds: float
+    stored_bytes: int = 0     # everything written for this version (snapshot + delta)
 
     @property
     def ratio(self) -> float:
@@ -216,14 +219,25 @@ class WeightPublisher:
             and self._prev[(n, _shard_key(i))].size == a.size
             for n, (_, _, ss) in shards.items() for i, a in ss)
         due = self._last_full is None or version - self._last_full >= self.s.full_snapshot_every
-        part = None
-        if layout_same and not due:
-            part = self._encode(version, shards, delta=True)
-            if part["bytes"] > self._full_bytes:
-                part = None                  # the delta would be larger than a snapshot
-        if part is None:
+        part = delta = None
+        if layout_same:
+            delta = self._encode(version, shards, delta=True)
+            if delta["bytes"] > self._full_bytes:
+                delta = None                 # the delta would be larger than a snapshot
+        if delta is not None and not due:
+            part = delta
+            part["stored_bytes"] = part["bytes"]
+        else:
             part = self._encode(version, shards, delta=False)
             self._last_full, self._full_bytes = version, part["bytes"]
+            part["stored_bytes"] = part["bytes"]
+            if delta is not None:
+                # A scheduled snapshot also carries the delta: readers that hold the previous
+                # version fetch only the delta; the snapshot serves late joiners and GC.
+                part["delta"] = {"base": delta["base"], "bytes": delta["bytes"],
+                                 "tensors": delta["tensors"]}
+                part["stored_bytes"] += delta["bytes"]
+                part["changed"] = delta["changed"]
         part_key = f"{version_prefix(version)}part-{self.pi:05d}.json"
         self.t.put_blob(part_key, json.dumps(part).encode())
         self._sync(f"composer_jax_weights_publish_{version}")
@@ -235,8 +249,9 @@ class WeightPublisher:
         self._prev_version = version
         if self.pi == 0:
             collect_garbage(self.t)
-        return PublishStats(version, part["kind"], part["bytes"], part["raw_bytes"],
-                            part["changed"], part["elements"], time.perf_counter() - t0)
+        sent = part["delta"]["bytes"] if "delta" in part else part["bytes"]
+        return PublishStats(version, part["kind"], sent, part["raw_bytes"], part["changed"],
+                            part["elements"], time.perf_counter() - t0, part["stored_bytes"])
 
     def _encode(self, version: int, shards: dict, delta: bool) -> dict:
         tensors, total, raw, changed, elements = {}, 0, 0, 0, 0
@@ -444,6 +459,10 @@ class WeightReader:
             fresh = set()                     # tensors already copied for this version
             for p in range(rec["parts"]):
                 part = json.loads(self._get(f"{version_prefix(v)}part-{p:05d}.json"))
+                alongside = part.get("delta")
+                if alongside is not None and p in part_version \
+                        and part_version[p] == alongside["base"]:
+                    part = {**part, **alongside, "kind": "delta"}   # fetch only the delta
                 if part["kind"] == "delta" and part_version.get(p) != part["base"]:
                     if rebuild and p not in part_version:
                         continue              # this part's snapshot comes later in the path

@@ -2,7 +2,7 @@
 
 `compile_plan(cfg)` must run in a process whose JAX sees at least `cfg.mesh.num_devices` devices
 (fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=N, set before JAX starts;
-`run_in_subprocess` starts `python -m composer_jax.parallel.plan CONFIG_JSON OUT_JSON` that way).
+`run_in_subprocess` starts `python -m composer_jax.train.plan CONFIG_JSON OUT_JSON` that way).
 Nothing is allocated: the train state (parameters, router biases, optimizer state) and the batch
 are `jax.ShapeDtypeStruct`s with shardings, and the step compiled is the training step itself
 (`composer_jax.train.step.make_step_fns`: the experiment's optimizer, MTP loss, token-chunked
@@ -109,7 +109,9 @@ def sharded_step(cfg, mesh):
 
     fns = build_fns(abstract_model(cfg.model), cfg, mesh)
     pl = fns.placement
-    params = nnx.to_pure_dict(fns.abstract_params)
+    # the TrainState holds the parameters in the master dtype (train.master_dtype)
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, fns.master_dtype),
+                          nnx.to_pure_dict(fns.abstract_params))
     scalar = jax.ShapeDtypeStruct((), "int32")
     state = TrainState(step=scalar, params=params, buffers=nnx.to_pure_dict(fns.abstract_buffers),
                        opt_state=jax.eval_shape(fns.tx.init, params), nonfinite_streak=scalar,
@@ -162,6 +164,7 @@ def compile_plan(cfg, dump_dir: str | None = None) -> dict:
         "mesh": pc.sizes, "rules": pc.rules.name, "num_devices": n_dev,
         "microbatches": cfg.train.microbatches,
         "optimizer": cfg.train.optimizer.value,
+        "master_dtype": cfg.train.master_dtype or cfg.model.param_dtype.value,
         "per_device_bytes": {"params": p_bytes, "optimizer": o_bytes, "activations": temp,
                              "batch": b_bytes, "total": total},
         "memory_analysis": {k: int(getattr(mem, k)) for k in (
@@ -176,7 +179,7 @@ def compile_plan(cfg, dump_dir: str | None = None) -> dict:
 
 
 def main(argv):
-    """python -m composer_jax.parallel.plan CONFIG_JSON OUT_JSON [DUMP_DIR] (run_in_subprocess
+    """python -m composer_jax.train.plan CONFIG_JSON OUT_JSON [DUMP_DIR] (run_in_subprocess
     sets the fake device count and the dump flags)."""
     cfg_path, out_path = argv[1], argv[2]
     dump_dir = argv[3] if len(argv) > 3 else None
@@ -203,7 +206,7 @@ def run_in_subprocess(cfg, cfg_json_path: str, out_path: str, n_dev: int) -> dic
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     try:
-        proc = subprocess.run([sys.executable, "-m", "composer_jax.parallel.plan", cfg_json_path,
+        proc = subprocess.run([sys.executable, "-m", "composer_jax.train.plan", cfg_json_path,
                                out_path, dump_dir], env=env, capture_output=True, text=True)
     finally:
         if not keep:

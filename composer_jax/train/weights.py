@@ -1,0 +1,109 @@
+"""Where weights come from, for every consumer (training, generation, RL): one function.
+
+`load_weights(source, cfg)` reads any of
+  ""                       a fresh model initialised from `cfg.seed`
+  a training run's workdir its newest readable Orbax checkpoint (parameters and router biases;
+                           the run's own config.json gives the architecture)
+  a Hugging Face directory config.json + *.safetensors (`composer_jax.model.hf.load_hf`)
+and returns `Weights`: pure parameter/buffer dicts plus where they came from. With `template` (a
+TrainState placed on a mesh) a run's checkpoint is restored straight into the template's
+shardings, so no host ever holds the whole model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+from composer_jax.errors import CheckpointError, ComposerError
+
+
+@dataclasses.dataclass
+class Weights:
+    """kind: "fresh" | "run" | "hf"; model_cfg: the architecture the weights belong to; params /
+    buffers: pure dicts (parameters in the dtype they were stored in); step: the checkpoint's
+    step (runs only); tokenizer_path: the run's tokenizer.json when it has one."""
+    kind: str
+    model_cfg: Any
+    params: dict
+    buffers: dict
+    step: int | None = None
+    tokenizer_path: pathlib.Path | None = None
+
+    def model(self, dtype=None):
+        """The weights as an nnx Transformer (parameters cast to `dtype`, default the config's
+        param_dtype)."""
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from composer_jax.model import abstract_model
+        from composer_jax.train.step import cast_params, merge_model
+        graphdef, p, b = nnx.split(abstract_model(self.model_cfg), nnx.Param, ...)
+        dtype = jnp.dtype(dtype or self.model_cfg.param_dtype.value)
+        return merge_model(graphdef, p, b, cast_params(self.params, dtype), self.buffers)
+
+
+def source_kind(source: str) -> str:
+    """"fresh" (empty), "run" (a directory with checkpoints/) or "hf" (config.json and
+    *.safetensors); anything else is an error that says what is expected."""
+    if not source:
+        return "fresh"
+    path = pathlib.Path(source)
+    if (path / "checkpoints").is_dir():
+        return "run"
+    if (path / "config.json").exists() and list(path.glob("*.safetensors")):
+        return "hf"
+    raise ComposerError(f"weights source {source!r} is neither a training run's workdir (with "
+                        f"checkpoints/) nor a Hugging Face checkpoint directory (config.json + "
+                        f"*.safetensors); use '' for a fresh model")
+
+
+def run_config(run_dir: pathlib.Path, cfg):
+    """`cfg` with the model section and seed of the config a training run wrote to its workdir
+    (only those: the weights' architecture; other sections may have changed since)."""
+    from composer_jax.config import ModelConfig, from_dict
+    raw = json.loads((pathlib.Path(run_dir) / "config.json").read_text())
+    return dataclasses.replace(cfg, model=from_dict(ModelConfig, raw["model"]),
+                               seed=raw.get("seed", cfg.seed))
+
+
+def load_weights(source: str, cfg, template=None) -> Weights:
+    """Weights from `source` ("" fresh, a run workdir, an HF directory; see the module docstring).
+
+    cfg: the consumer's Config (the fresh init's architecture and seed, the HF load's dtype).
+    template: a TrainState whose params/buffers give the structure and shardings to restore a
+    run's checkpoint into (its optimizer state is ignored); None builds one on the host from the
+    run's config.json.
+    """
+    kind = source_kind(source)
+    if kind == "fresh":
+        from flax import nnx
+
+        from composer_jax.model import init_model
+        _, p, b = nnx.split(init_model(cfg.model, cfg.seed), nnx.Param, ...)
+        return Weights("fresh", cfg.model, nnx.to_pure_dict(p), nnx.to_pure_dict(b))
+    if kind == "hf":
+        from flax import nnx
+
+        from composer_jax.model.hf import load_hf
+        hf_cfg, model = load_hf(source, dtype=cfg.model.param_dtype.value)
+        _, p, b = nnx.split(model, nnx.Param, ...)
+        return Weights("hf", hf_cfg, nnx.to_pure_dict(p), nnx.to_pure_dict(b))
+    from composer_jax.train.checkpoint import Checkpointer
+    run_dir = pathlib.Path(source)
+    rcfg = run_config(run_dir, cfg) if (run_dir / "config.json").exists() else cfg
+    if template is None:
+        from composer_jax.model import init_model
+        from composer_jax.train.step import build
+        _, template = build(init_model(rcfg.model, rcfg.seed), rcfg)
+    ckpt = Checkpointer(run_dir / "checkpoints", rcfg, 1, 1)
+    try:
+        found = ckpt.restore_latest(template, check_config=False)
+    finally:
+        ckpt.close()
+    if found is None:
+        raise CheckpointError(f"{run_dir / 'checkpoints'} holds no checkpoint")
+    tok = run_dir / "tokenizer.json"
+    return Weights("run", rcfg.model, found[0].params, found[0].buffers, found[2],
+                   tok if tok.exists() else None)
