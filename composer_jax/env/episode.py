@@ -87,6 +87,16 @@ class Episode:
             f.write(json.dumps({"type": "summary", **summary}) + "\n")
 
 
+def execute_call(ws, call):
+    """Run one parsed tool call in workspace `ws`; a malformed call (`call.error`) is not run but
+    returns its error result and counts as an invalid call (and as a call) on the workspace."""
+    if call.error is not None:
+        ws.num_calls += 1
+        ws.num_invalid_calls += 1
+        return error(call.error)
+    return ws.call(call.name, call.arguments)
+
+
 def initial_messages(task: Task) -> list[dict]:
     return [{"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task.problem_statement}]
@@ -134,12 +144,7 @@ def run_episode(agent: Agent, task: Task, task_dir: pathlib.Path, cfg: EnvConfig
             finished = False
             for call in parsed.tool_calls:
                 t0 = time.monotonic()
-                if call.error is not None:
-                    result = error(call.error)
-                    ws.num_calls += 1
-                    ws.num_invalid_calls += 1
-                else:
-                    result = ws.call(call.name, call.arguments)
+                result = execute_call(ws, call)
                 calls_log.append({"call_id": call.call_id, "name": call.name,
                                   "arguments": call.arguments, "error": call.error,
                                   "output": result.output, "is_error": result.is_error,

@@ -33,12 +33,11 @@ from typing import Callable
 from composer_jax.data import special_tokens as st
 from composer_jax.env import protocol
 from composer_jax.env.config import EnvConfig
-from composer_jax.env.episode import initial_messages
+from composer_jax.env.episode import execute_call, initial_messages
 from composer_jax.env.grading import grade_workspace
 from composer_jax.env.rewards import compute_reward
 from composer_jax.env.tasks.task import Task
 from composer_jax.env.tools import TOOL_SPECS
-from composer_jax.env.tools.result import error as error_result
 from composer_jax.env.workspace import open_workspace
 from composer_jax.errors import ConfigError
 from composer_jax.inference.requests import Completion
@@ -255,12 +254,7 @@ class TokenAgent:
             finished = False
             for call in parsed.tool_calls:
                 t0 = time.monotonic()
-                if call.error is not None:
-                    result = error_result(call.error)
-                    ws.num_calls += 1
-                    ws.num_invalid_calls += 1
-                else:
-                    result = ws.call(call.name, call.arguments)
+                result = execute_call(ws, call)
                 ep.timing["tools_s"] += time.monotonic() - t0
                 pending.append({"role": "tool", "tool_call_id": call.call_id,
                                 "content": result.output})
