@@ -83,7 +83,7 @@ def build_or_load_corpus(cfg: DataConfig) -> Corpus:
     listing = sources.list_files(roots)
     files = listing.files
     if cfg.max_files and len(files) > cfg.max_files:
-        chosen = sorted(files, key=lambda f: hashlib.sha256(f.path.encode()).digest())[:cfg.max_files]
+        chosen = sorted(files, key=_sample_key)[:cfg.max_files]
         keep = {f.path for f in chosen}
         files = [f for f in files if f.path in keep]
     if not files:
@@ -95,6 +95,12 @@ def build_or_load_corpus(cfg: DataConfig) -> Corpus:
                                       lambda tmp: _build(cfg, files, listing.skipped, tmp))
     stats = json.loads((directory / "stats.json").read_text())
     return Corpus(directory, fingerprint, stats, built_now)
+
+
+def _sample_key(f: sources.SourceFile) -> bytes:
+    """Order for the `max_files` sample: a hash of where the file sits inside its root, never of the
+    absolute path, so two checkouts (or venvs) of the same packages sample the same files."""
+    return hashlib.sha256(f"{f.root.kind}/{f.root.python}/{f.relpath}".encode()).digest()
 
 
 def _builder_settings(cfg: DataConfig) -> dict:

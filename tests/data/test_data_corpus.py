@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sysconfig
 
 import pytest
@@ -108,10 +109,15 @@ def test_cache_rebuilds_only_on_input_change(synthetic_root, tmp_path):
 
 
 def test_max_files_is_a_deterministic_subset(synthetic_root, tmp_path):
+    """The sample depends on paths inside the root only: a copy elsewhere samples the same files."""
     root, expected = synthetic_root
-    a = build_or_load_corpus(_cfg(root, tmp_path / "c1", max_files=4))
-    b = build_or_load_corpus(_cfg(root, tmp_path / "c2", max_files=4))
-    assert a.stats["candidates"] == 4 and _rel(a, root) == _rel(b, root)
+    moved = tmp_path / "elsewhere" / "checkout"
+    shutil.copytree(root, moved)
+    a = build_or_load_corpus(_cfg(root, tmp_path / "c1", max_files=8))
+    b = build_or_load_corpus(_cfg(root, tmp_path / "c2", max_files=8))
+    c = build_or_load_corpus(_cfg(moved, tmp_path / "c3", max_files=8))
+    assert a.stats["candidates"] == 8 and _rel(a, root)
+    assert _rel(a, root) == _rel(b, root) == _rel(c, moved)
 
 
 def test_bad_inputs(tmp_path):

@@ -18,7 +18,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import dataclasses  # noqa: E402
+import dataclasses
+import sysconfig  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 
@@ -43,9 +44,10 @@ CASES = {
 
 def config(mesh: dict, micro: int, steps: int = STEPS) -> Config:
     model = dataclasses.replace(tiny(), vocab_size=512)
-    data = DataConfig(max_files=40, vocab_size=512, seq_len=64, global_batch_size=8,
+    data = DataConfig(source_roots=(sysconfig.get_paths()["stdlib"],), max_files=40,
+                      validation_fraction=0.1, vocab_size=512, seq_len=64, global_batch_size=8,
                       tokenizer_train_bytes=400_000, progress=False)
-    tc = TrainConfig(steps=steps, lr=3e-3, warmup_steps=1, log_every=1, eval_every=2,
+    tc = TrainConfig(steps=steps, lr=1e-2, warmup_steps=1, log_every=1, eval_every=2,
                      eval_batches=2, checkpoint_every=2, keep_checkpoints=2, microbatches=micro)
     return Config(model=model, data=data, train=tc, mesh=MeshConfig(**mesh))
 

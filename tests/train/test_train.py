@@ -1,5 +1,6 @@
 """The pretraining stack: pure losses, the train step, the NaN guard, and exact resume."""
 import dataclasses
+import sysconfig
 
 import jax
 import jax.numpy as jnp
@@ -110,7 +111,8 @@ def test_nonfinite_guard_skips_update():
 
 def _tiny_run_config(steps: int) -> Config:
     model = dataclasses.replace(tiny(), vocab_size=512)
-    data = DataConfig(max_files=40, vocab_size=512, seq_len=64, global_batch_size=4,
+    data = DataConfig(source_roots=(sysconfig.get_paths()["stdlib"],), max_files=40,
+                      validation_fraction=0.1, vocab_size=512, seq_len=64, global_batch_size=4,
                       tokenizer_train_bytes=400_000, progress=False)
     train = TrainConfig(steps=steps, lr=3e-3, warmup_steps=2, log_every=2, eval_every=4,
                         eval_batches=2, checkpoint_every=2, keep_checkpoints=2)
