@@ -18,7 +18,8 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
-from composer_jax.config import MODEL_PRESETS, SECTION_PRESETS, Config, from_dict, to_dict
+from composer_jax.config import (MODEL_PRESET_EXECUTION, MODEL_PRESETS, SECTION_PRESETS, Config,
+                                 ExecutionConfig, from_dict, to_dict)
 from composer_jax.errors import ConfigError
 from composer_jax.overrides import apply_overrides, config_keys
 
@@ -88,7 +89,8 @@ def _base_config(base) -> Config:
         return Config()
     text = os.fspath(base)
     if text in MODEL_PRESETS:
-        return Config(model=MODEL_PRESETS[text]())
+        return Config(model=MODEL_PRESETS[text](),
+                      execution=MODEL_PRESET_EXECUTION.get(text, ExecutionConfig)())
     if text.endswith(".json") or "/" in text or os.sep in text:
         return load_config(text)
     from composer_jax import registry
@@ -104,7 +106,7 @@ def make_config(base: Config | str | os.PathLike | None = "tiny",
     """A validated Config: `base` with `overrides` applied like `launch.py --set`.
 
     base: a Config; a model preset name ("tiny", "small", "kimi_k2_5", "deepseek_v3": the default
-    Config with that model); a registered experiment name ("cpt_debug", ...: its default config);
+    Config with that model, and bf16 execution for the two large ones); a registered experiment name ("cpt_debug", ...: its default config);
     or a path to a saved config.json / run directory. None means `Config()`.
     overrides: ["train.lr=3e-4", "model=small"] or {"train.lr": 3e-4, "data.roots": ("a", "b")}.
     Raises ConfigError for an unknown key, a badly typed value or an invalid combination.

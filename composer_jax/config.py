@@ -1,6 +1,9 @@
 """Frozen, typed, validated configuration for every part of composer_jax.
 
-One `Config` holds one section per subsystem: `model`, `mesh`, `data`, `train`, `rl`, `env`, `eval`.
+One `Config` holds one section per subsystem: `model`, `execution`, `mesh`, `data`, `train`, `rl`,
+`env`, `eval`, `inference`. `model` is the architecture only (what the weights mean: a restore
+checks it and nothing else); `execution` is how the model is computed (dtypes, low precision,
+remat, MoE dispatch, attention blocking), which a run may change between restarts.
 Every section is a frozen dataclass whose fields are plain scalars, str-valued enums or tuples, so
 that `launch.py --set a.b=v` can type-check overrides (see `composer_jax.overrides`) and the resolved
 config serialises to `config.json` and back losslessly.
@@ -118,6 +121,10 @@ class ModelConfig:
     use MoE with `num_routed_experts` experts of width `moe_intermediate_size`, top
     `num_experts_per_tok`, plus `num_shared_experts` always-on experts (one SwiGLU of width
     num_shared_experts * moe_intermediate_size). `q_lora_rank == 0` means a plain q projection.
+
+    Architecture only: every field changes what the weights mean (a checkpoint restore compares
+    the whole section). How the model is computed lives in `ExecutionConfig`; training-only
+    coefficients (router bias update rate, sequence-wise balance loss, init std) in `TrainConfig`.
     """
     name: str = "custom"
     vocab_size: int = 256
@@ -144,17 +151,6 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     rms_norm_eps: float = 1e-6
     mtp_depth: int = 1
-    moe_impl: MoEImpl = MoEImpl.RAGGED
-    router_bias_update_rate: float = 1e-3
-    seq_aux_loss_coef: float = 0.0
-    remat: Remat = Remat.NONE
-    precision: Precision = Precision.BF16
-    param_dtype: DType = DType.FLOAT32
-    compute_dtype: DType = DType.FLOAT32
-    init_std: float = 0.02
-    moe_capacity_factor: float = 0.0   # expert-parallel dispatch: 0 = dropless, > 0 = drop overflow
-    quant_bf16_last_blocks: int = 0    # low precision: the last N transformer blocks (and MTP) stay BF16
-    attention_kv_block: int = 2048     # longer key ranges use blocked online-softmax attention
 
     def __post_init__(self):
         _coerce_enums(self, "model")
@@ -195,14 +191,6 @@ class ModelConfig:
         _check(self.routed_scaling_factor > 0,
                f"{p}routed_scaling_factor must be > 0, got {self.routed_scaling_factor}")
         _check(self.rms_norm_eps > 0, f"{p}rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        _check(self.router_bias_update_rate >= 0, f"{p}router_bias_update_rate must be >= 0")
-        _check(self.seq_aux_loss_coef >= 0, f"{p}seq_aux_loss_coef must be >= 0 (0 = off)")
-        _check(self.init_std > 0, f"{p}init_std must be > 0")
-        _check(self.moe_capacity_factor >= 0, f"{p}moe_capacity_factor must be >= 0 (0 = dropless)")
-        _check(self.attention_kv_block >= 1, f"{p}attention_kv_block must be >= 1")
-        _check(0 <= self.quant_bf16_last_blocks <= self.num_layers,
-               f"{p}quant_bf16_last_blocks must be in [0, num_layers={self.num_layers}], got "
-               f"{self.quant_bf16_last_blocks}")
 
     @property
     def num_moe_layers(self) -> int:
@@ -230,8 +218,7 @@ def kimi_k2_5() -> ModelConfig:
         rope=RopeConfig(theta=50000.0, scaling=RopeScaling.YARN, factor=64.0,
                         original_max_position=4096, beta_fast=1.0, beta_slow=1.0, mscale=1.0,
                         mscale_all_dim=1.0, interleaved=True),
-        max_position_embeddings=262144, rms_norm_eps=1e-6, mtp_depth=0,
-        param_dtype=DType.BFLOAT16, compute_dtype=DType.BFLOAT16)
+        max_position_embeddings=262144, rms_norm_eps=1e-6, mtp_depth=0)
 
 
 def deepseek_v3() -> ModelConfig:
@@ -246,8 +233,7 @@ def deepseek_v3() -> ModelConfig:
         rope=RopeConfig(theta=10000.0, scaling=RopeScaling.YARN, factor=40.0,
                         original_max_position=4096, beta_fast=32.0, beta_slow=1.0, mscale=1.0,
                         mscale_all_dim=1.0, interleaved=True),
-        max_position_embeddings=163840, rms_norm_eps=1e-6, mtp_depth=1,
-        param_dtype=DType.BFLOAT16, compute_dtype=DType.BFLOAT16)
+        max_position_embeddings=163840, rms_norm_eps=1e-6, mtp_depth=1)
 
 
 def tiny() -> ModelConfig:
@@ -267,6 +253,96 @@ def small() -> ModelConfig:
 
 
 MODEL_PRESETS = {"kimi_k2_5": kimi_k2_5, "deepseek_v3": deepseek_v3, "tiny": tiny, "small": small}
+
+
+# ----------------------------------------------------------------------------------------------
+# Execution (how the model is computed; `--set execution.remat=full`)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionConfig:
+    """How the model is computed: none of it changes what the weights mean, so a run may resume,
+    or a checkpoint be sampled, with other values.
+
+    param_dtype: dtype the forward holds the weights in (the TrainState keeps train.master_dtype
+    when set); compute_dtype: activations and matmul inputs (accumulation is float32);
+    precision: number format of the FFN/expert matmuls (composer_jax.quant);
+    quant_bf16_last_blocks: with low precision, the last N transformer blocks (and MTP) stay BF16;
+    remat: rematerialisation policy of each scanned block; moe_impl: local MoE dispatch;
+    moe_capacity_factor: expert-parallel dispatch, 0 = dropless, > 0 = drop the overflow;
+    attention_kv_block: key ranges longer than this use blocked online-softmax attention.
+    The model modules read it from their forward context (`composer_jax.model.layers.Ctx`).
+    """
+    param_dtype: DType = DType.FLOAT32
+    compute_dtype: DType = DType.FLOAT32
+    precision: Precision = Precision.BF16
+    quant_bf16_last_blocks: int = 0
+    remat: Remat = Remat.NONE
+    moe_impl: MoEImpl = MoEImpl.RAGGED
+    moe_capacity_factor: float = 0.0
+    attention_kv_block: int = 2048
+
+    def __post_init__(self):
+        _coerce_enums(self, "execution")
+        p = "execution."
+        _check(self.quant_bf16_last_blocks >= 0,
+               f"{p}quant_bf16_last_blocks must be >= 0, got {self.quant_bf16_last_blocks}")
+        _check(self.moe_capacity_factor >= 0,
+               f"{p}moe_capacity_factor must be >= 0 (0 = dropless), got {self.moe_capacity_factor}")
+        _check(self.attention_kv_block >= 1,
+               f"{p}attention_kv_block must be >= 1, got {self.attention_kv_block}")
+
+    def check_model(self, model: ModelConfig) -> None:
+        """Raises ConfigError when a field does not fit `model` (quant_bf16_last_blocks)."""
+        _check(self.quant_bf16_last_blocks <= model.num_layers,
+               f"execution.quant_bf16_last_blocks must be in [0, model.num_layers="
+               f"{model.num_layers}], got {self.quant_bf16_last_blocks}")
+
+
+def bf16() -> ExecutionConfig:
+    """BF16 weights and activations (the large presets' training and serving setting)."""
+    return ExecutionConfig(param_dtype=DType.BFLOAT16, compute_dtype=DType.BFLOAT16)
+
+
+EXECUTION_PRESETS = {"fp32": ExecutionConfig, "bf16": bf16}
+# The execution a model preset is meant to run with when a Config is made from its name alone
+# (`composer_jax.api.make_config("kimi_k2_5")`); presets not named here use ExecutionConfig().
+MODEL_PRESET_EXECUTION = {"kimi_k2_5": bf16, "deepseek_v3": bf16}
+
+
+# Keys that moved out of `model` (old config.json files and old `--set model.KEY=...` spellings):
+# model.KEY -> SECTION.KEY.
+MOVED_MODEL_KEYS = {
+    "remat": "execution", "precision": "execution", "moe_impl": "execution",
+    "attention_kv_block": "execution", "moe_capacity_factor": "execution",
+    "quant_bf16_last_blocks": "execution", "param_dtype": "execution",
+    "compute_dtype": "execution", "router_bias_update_rate": "train",
+    "seq_aux_loss_coef": "train", "init_std": "train"}
+
+
+def split_legacy_model(model: dict) -> tuple[dict, dict[str, dict]]:
+    """A model section dict in the old layout -> (architecture dict, {section: moved fields})."""
+    arch = {k: v for k, v in model.items() if k not in MOVED_MODEL_KEYS}
+    moved: dict[str, dict] = {}
+    for k, v in model.items():
+        if k in MOVED_MODEL_KEYS:
+            moved.setdefault(MOVED_MODEL_KEYS[k], {})[k] = v
+    return arch, moved
+
+
+def migrate_legacy_config(d: dict) -> dict:
+    """A Config dict (config.json) written before the `execution` section existed, in today's
+    layout: model.remat etc. move to `execution`, model.router_bias_update_rate,
+    seq_aux_loss_coef and init_std to `train` (a value already in the new place wins).
+    Dicts in today's layout come back unchanged."""
+    if not isinstance(d.get("model"), dict) or not set(d["model"]) & set(MOVED_MODEL_KEYS):
+        return d
+    arch, moved = split_legacy_model(d["model"])
+    out = dict(d, model=arch)
+    for section, fields in moved.items():
+        out[section] = {**fields, **(d.get(section) or {})}
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,10 +453,13 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     init_from: str = ""            # checkpoint dir or HF dir to start from ("" = random init)
+    init_std: float = 0.02         # std of the normal init of a fresh model's weights
     loss: str = "lm"               # a registered loss (composer_jax.train.loss_api.get_loss)
+    router_bias_update_rate: float = 1e-3   # aux-loss-free balancing: bias += rate * sign(...)
+    seq_aux_loss_coef: float = 0.0          # sequence-wise balance loss weight (0 = off)
     # Master weights: "" keeps the parameters (and the microbatch gradient accumulator) in
-    # model.param_dtype; "float32" keeps an fp32 master copy and accumulates gradients in fp32,
-    # while the forward runs on a model.param_dtype copy (updates below |w|/256 survive).
+    # execution.param_dtype; "float32" keeps an fp32 master copy and accumulates gradients in
+    # fp32, while the forward runs on an execution.param_dtype copy (updates below |w|/256 survive).
     master_dtype: str = ""
     # --- tracking and profiling (issue 20) ---
     profile_steps: tuple[int, ...] = ()   # jax.profiler trace of these steps -> WORKDIR/profile/
@@ -391,7 +470,7 @@ class TrainConfig:
     def __post_init__(self):
         _coerce_enums(self, "train")
         _check(self.master_dtype in ("", "float32"),
-               f"train.master_dtype must be '' (= model.param_dtype) or 'float32', got "
+               f"train.master_dtype must be '' (= execution.param_dtype) or 'float32', got "
                f"{self.master_dtype!r}")
         _check(bool(self.loss), "train.loss must name a registered loss (e.g. 'lm')")
         p = "train."
@@ -405,6 +484,9 @@ class TrainConfig:
         _check(self.mtp_lambda >= 0 and self.z_loss >= 0 and self.weight_decay >= 0,
                f"{p}mtp_lambda, z_loss and weight_decay must be >= 0")
         _check(self.grad_clip >= 0, f"{p}grad_clip must be >= 0 (0 = off)")
+        _check(self.init_std > 0, f"{p}init_std must be > 0, got {self.init_std}")
+        _check(self.router_bias_update_rate >= 0, f"{p}router_bias_update_rate must be >= 0")
+        _check(self.seq_aux_loss_coef >= 0, f"{p}seq_aux_loss_coef must be >= 0 (0 = off)")
         _check(all(s >= 0 for s in self.profile_steps),
                f"{p}profile_steps must be step numbers >= 0, got {self.profile_steps}")
         _check(self.wandb_mode in ("online", "offline", "disabled"),
@@ -473,6 +555,8 @@ class RLConfig:
     temperature: float = 1.0            # sampling temperature of training episodes (eval: greedy)
     seq_len: int = 64                   # trainer row length (tokens)
     parity_kinds: tuple[str, ...] = ("even", "odd")   # tasks=parity: ("even",) = unconditional
+    env_latency_scale: float = 0.0      # tasks=parity: x measured sandbox episode times (rl/latency_model.py; 0 = off)
+    init_from: str = ""                 # tasks=coding: policy checkpoint (workdir); "" = the cached `sft` run
 
     def __post_init__(self):
         _coerce_enums(self, "rl")
@@ -496,6 +580,8 @@ class RLConfig:
             _check(getattr(self, f) >= 1, f"rl.{f} must be >= 1, got {getattr(self, f)}")
         _check(self.eval_every >= 0, f"rl.eval_every must be >= 0 (0 = off), got {self.eval_every}")
         _check(self.temperature >= 0, f"rl.temperature must be >= 0, got {self.temperature}")
+        _check(self.env_latency_scale >= 0,
+               f"rl.env_latency_scale must be >= 0 (0 = off), got {self.env_latency_scale}")
         _check(bool(self.parity_kinds) and set(self.parity_kinds) <= {"even", "odd"},
                f"rl.parity_kinds must be a non-empty subset of (even, odd), got {self.parity_kinds}")
 
@@ -506,9 +592,13 @@ class EvalConfig:
 
     policy: oracle | null | heuristic | a training run's workdir | a Hugging Face directory.
     num_tasks: run only the first N suite tasks; samples: K episodes per task and prompt style
-    (pass@k); styles: prompt styles scored (terse, detailed). suite_dir / pool_dir: "" = under the
-    cache (`<cache>/eval_suite/<suite_name>`, `<cache>/eval_pool`). price_*: dollars per million
-    prompt / cached-prompt / generated tokens. compare: eval.json files for `eval_compare`."""
+    (pass@k); styles: prompt styles scored (terse, detailed). concurrency: episodes at once (for a
+    model, also the engine's decode slots; >= samples x styles runs a task's samples together);
+    max_context: a model episode's context (the engine's max_len). suite_dir / pool_dir: "" =
+    under the cache (`<cache>/eval_suite/<name>-<size>-<pool key>-<builder hash>`,
+    `<cache>/eval_pool/<pool key>`; the pool key hashes the task generators' code). price_*:
+    dollars per million prompt / cached-prompt / generated tokens. compare: eval.json files for
+    `eval_compare`."""
     num_tasks: int = 50
     max_turns: int = 80
     max_new_tokens: int = 512
@@ -590,6 +680,7 @@ class EngineConfig:
 @dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelConfig = dataclasses.field(default_factory=tiny)
+    execution: ExecutionConfig = ExecutionConfig()
     mesh: MeshConfig = MeshConfig()
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = TrainConfig()
@@ -607,12 +698,13 @@ class Config:
                f"data.seq_len={self.data.seq_len} exceeds model.max_position_embeddings="
                f"{self.model.max_position_embeddings}; shorten the sequences or raise the limit "
                f"(with model.rope scaling for context extension)")
+        self.execution.check_model(self.model)
         if self.mesh.num_devices > 0:       # a fixed device count: the axes must multiply to it
             self.mesh.resolved(self.mesh.num_devices)
 
 
 # Sections that `--set SECTION=PRESET` may replace wholesale.
-SECTION_PRESETS = {"model": MODEL_PRESETS}
+SECTION_PRESETS = {"model": MODEL_PRESETS, "execution": EXECUTION_PRESETS}
 
 
 def to_dict(cfg) -> dict:
@@ -629,6 +721,9 @@ def to_dict(cfg) -> dict:
 
 
 def from_dict(cls, d: dict):
-    """Inverse of `to_dict` (validates, like every construction)."""
+    """Inverse of `to_dict` (validates, like every construction). A Config dict in the layout
+    before the `execution` section is migrated first (`migrate_legacy_config`)."""
     from composer_jax.overrides import build_dataclass
+    if cls is Config:
+        d = migrate_legacy_config(d)
     return build_dataclass(cls, d)

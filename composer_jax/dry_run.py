@@ -69,6 +69,7 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
         "compile_seconds": plan["compile_seconds"],
         "notes": NOTE,
         "config": to_dict(cfg.model),
+        "execution": to_dict(cfg.execution),
         "mesh_config": to_dict(cfg.mesh),
     }
     path = workdir / "dry_run.json"

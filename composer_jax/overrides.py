@@ -111,6 +111,7 @@ def apply_overrides(cfg, overrides: list[str], presets: dict | None = None):
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.path=value")
         key, _, text = item.partition("=")
+        _check_moved(type(cfg), key.strip())
         _set_in_dict(type(cfg), d, key.strip(), text.strip(), presets or {})
     try:
         return build_dataclass(type(cfg), d)
@@ -118,6 +119,17 @@ def apply_overrides(cfg, overrides: list[str], presets: dict | None = None):
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
+
+
+def _check_moved(cls, key: str) -> None:
+    """An old spelling (`model.remat`, ...: keys that left the model section) is an error that
+    names the new key, never silently accepted."""
+    from composer_jax.config import MOVED_MODEL_KEYS, Config
+    head, _, rest = key.partition(".")
+    if cls is Config and head == "model" and rest in MOVED_MODEL_KEYS:
+        new = f"{MOVED_MODEL_KEYS[rest]}.{rest}"
+        raise ConfigError(f"config key {key!r} has moved to {new!r} (the model section holds the "
+                          f"architecture only); use --set {new}=...")
 
 
 def build_dataclass(cls, d: dict, prefix: str = ""):

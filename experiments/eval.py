@@ -2,7 +2,9 @@
 
   eval              run eval.policy (oracle | null | heuristic | a training run's workdir | a Hugging
                     Face directory) over the versioned held-out suite: K samples per task and prompt
-                    style; writes WORKDIR/eval.json, eval.md, eval.png and a metrics.jsonl line
+                    style, episodes concurrent (models: RL's TokenAgent sessions on one inference
+                    engine service, `inference.*` knobs); writes WORKDIR/eval.json, eval.md,
+                    eval.png and a metrics.jsonl line
   eval_build_suite  build (or load) the suite; write WORKDIR/suite_manifest.json and the
                     content-disjointness report WORKDIR/disjointness.json (corpus candidates, RL pool
                     env.pool_dir, SFT pool data.sft_pool)

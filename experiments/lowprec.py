@@ -28,8 +28,8 @@ def _config() -> Config:
                                 log_every=10, checkpoint_every=50, optimizer=Optimizer.ADAMW,
                                 lr=2e-3)
     # the last block (and MTP) stays BF16, as in the NVFP4 recipe
-    model = dataclasses.replace(cfg.model, quant_bf16_last_blocks=1)
-    return dataclasses.replace(cfg, data=data, train=train, model=model)
+    execution = dataclasses.replace(cfg.execution, quant_bf16_last_blocks=1)
+    return dataclasses.replace(cfg, data=data, train=train, execution=execution)
 
 
 def plot_gap(workdir: pathlib.Path, runs: dict[str, list[dict]]) -> pathlib.Path:
@@ -63,7 +63,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
 
     runs = {}
     for p in PRECISIONS:
-        sub = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=p))
+        sub = dataclasses.replace(cfg, execution=dataclasses.replace(cfg.execution, precision=p))
         print(f"=== {p.value} ===")
         train(sub, workdir / p.value)
         runs[p.value] = read_metrics(workdir / p.value)

@@ -26,7 +26,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
     m = cfg.model
     total, active = count_params(m)
     print(f"{m.name}: {total:,} parameters, {active:,} active per token")
-    model = init_model(m, cfg.seed)
+    model = init_model(m, cfg.seed, cfg.execution, cfg.train.init_std)
     b, t = 2, min(cfg.data.seq_len, 64)
     tokens = jax.random.randint(jax.random.key(cfg.seed), (b, t), 0, m.vocab_size)
     graphdef, state = nnx.split(model)
@@ -45,7 +45,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
     fwd_s = time.time() - t0
     hf_dir = workdir / "hf"
     save_hf(model, hf_dir)
-    _, reloaded = load_hf(hf_dir, dtype=m.param_dtype.value)
+    _, reloaded = load_hf(hf_dir, execution=cfg.execution)
     a = np.asarray(model(tokens).logits)
     r = np.asarray(reloaded(tokens).logits)
     diff = float(np.max(np.abs(a - r)))

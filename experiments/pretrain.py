@@ -26,8 +26,8 @@ import dataclasses
 import pathlib
 
 from composer_jax import registry
-from composer_jax.config import (Config, MeshConfig, MTPLoss, Optimizer, RopeScaling,
-                                 Schedule, TrainConfig, kimi_k2_5, small, tiny)
+from composer_jax.config import (Config, MeshConfig, MTPLoss, Optimizer, Remat, RopeScaling,
+                                 Schedule, TrainConfig, bf16, kimi_k2_5, small, tiny)
 from composer_jax.data.config import DataConfig, SftSource
 
 
@@ -68,28 +68,34 @@ def _k2_train(steps: int) -> TrainConfig:
 def _pod_layout(cfg: Config, expert: int, context: int) -> Config:
     mesh = MeshConfig(fsdp=-1, expert=expert, context=context, tensor=1, rules="cp_ep",
                       cp_attention="allgather")
-    model = dataclasses.replace(cfg.model, attention_kv_block=512, moe_capacity_factor=1.25)
+    execution = dataclasses.replace(cfg.execution, attention_kv_block=512,
+                                    moe_capacity_factor=1.25)
     train = dataclasses.replace(cfg.train, microbatches=32)
-    return dataclasses.replace(cfg, mesh=mesh, model=model, train=train)
+    return dataclasses.replace(cfg, mesh=mesh, execution=execution, train=train)
+
+
+def _pod_execution():
+    """BF16 weights and activations, every block rematerialised."""
+    return dataclasses.replace(bf16(), remat=Remat.FULL)
 
 
 def _cpt_32k() -> Config:
-    model = dataclasses.replace(kimi_k2_5(), mtp_depth=1, remat="full")
+    model = dataclasses.replace(kimi_k2_5(), mtp_depth=1)
     data = DataConfig(seq_len=32768, global_batch_size=2048, vocab_size=163840)
-    return _pod_layout(Config(model=model, data=data, train=_k2_train(steps=20_000)),
-                       expert=64, context=4)
+    return _pod_layout(Config(model=model, execution=_pod_execution(), data=data,
+                              train=_k2_train(steps=20_000)), expert=64, context=4)
 
 
 def _cpt_256k() -> Config:
     base = kimi_k2_5()
     rope = dataclasses.replace(base.rope, scaling=RopeScaling.YARN, factor=64.0,
                                original_max_position=4096)
-    model = dataclasses.replace(base, mtp_depth=1, remat="full", rope=rope,
-                                max_position_embeddings=262144)
+    model = dataclasses.replace(base, mtp_depth=1, rope=rope, max_position_embeddings=262144)
     data = DataConfig(seq_len=262144, global_batch_size=256, vocab_size=163840)
     train = dataclasses.replace(_k2_train(steps=2_000), lr=2e-5, warmup_steps=100,
                                 init_from="runs/cpt_32k")
-    return _pod_layout(Config(model=model, data=data, train=train), expert=8, context=32)
+    return _pod_layout(Config(model=model, execution=_pod_execution(), data=data, train=train),
+                       expert=8, context=32)
 
 
 def _sft() -> Config:

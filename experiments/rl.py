@@ -16,9 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import sys
 
 from composer_jax import registry
-from composer_jax.config import Config, RLConfig, RLTasks, Schedule, TrainConfig, to_dict
+from composer_jax.config import (Config, EvalConfig, RLConfig, RLTasks, Schedule, TrainConfig,
+                                 to_dict)
+from composer_jax.env.config import EnvConfig
 from composer_jax.errors import ConfigError
 
 
@@ -38,13 +41,162 @@ def _config(max_staleness: int) -> Config:
     return dataclasses.replace(Config(), model=toy_model_config(), rl=rl, train=train)
 
 
+def _coding_config(max_staleness: int) -> Config:
+    """rl.tasks=coding: the policy is the repository's own `sft` run (the cpt_debug model and
+    tokenizer, SFT on oracle episodes of the RL task pool's training tasks), RL on that pool's
+    sandboxed episodes with real tools; the eval suite's runner scores checkpoints. Sized for a
+    short CPU run: episodes of at most 4 turns of 96 new tokens, 2 groups of 4 per step."""
+    from experiments.pretrain import _sft
+    base = _sft()
+    rl = RLConfig(tasks=RLTasks.CODING, group_size=4, batch_groups=2, max_staleness=max_staleness,
+                  steps=12, num_rollout_workers=8, checkpoint_every=4, eval_every=6,
+                  num_train_tasks=12, num_eval_tasks=2, max_new_tokens=96, seq_len=3072,
+                  loss_normalizer=256.0, full_snapshot_every=10, temperature=1.0)
+    train = TrainConfig(steps=rl.steps, lr=1e-4, warmup_steps=0, schedule=Schedule.CONSTANT,
+                        weight_decay=0.0, grad_clip=1.0, log_every=1)
+    env = dataclasses.replace(EnvConfig(), max_turns=4, command_timeout_s=10.0,
+                              episode_time_s=120.0, use_embeddings=False, num_tasks=rl.num_train_tasks,
+                              kinds=("bug",), python_versions=(_python_version(),),
+                              max_tasks_per_module=2, workers=2)
+    ev = dataclasses.replace(EvalConfig(), max_turns=4, max_new_tokens=96, max_context=3072,
+                             concurrency=2)
+    return dataclasses.replace(base, rl=rl, train=train, env=env, eval=ev)
+
+
+def _python_version() -> str:
+    """The newest Python of the machine the environment can run tasks with."""
+    from composer_jax.env.pythons import find_pythons
+    found = find_pythons()
+    if not found:
+        return "3.12"
+    return sorted(found, key=lambda v: tuple(map(int, v.split("."))))[-1]
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def with_coding_defaults(cfg: Config) -> Config:
+    """`rl_async --set rl.tasks=coding` (or rl_sync): the coding settings (`_coding_config`), with
+    every field the user set (anything that differs from the parity experiment's defaults) kept.
+    A config already built from the coding defaults is returned as is."""
+    from composer_jax.config import from_dict
+    parity = _config(cfg.rl.max_staleness)
+    if cfg.model != parity.model:
+        return cfg
+    user = {k: v for k, v in _flat(to_dict(cfg)).items() if _flat(to_dict(parity)).get(k) != v}
+    coding = to_dict(_coding_config(cfg.rl.max_staleness))
+    for key, value in user.items():
+        node = coding
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return from_dict(Config, coding)
+
+
+def _cache(cfg: Config) -> pathlib.Path:
+    from composer_jax.data.config import resolved_cache_dir
+    return pathlib.Path(resolved_cache_dir(cfg.data))
+
+
+def _key(*parts) -> str:
+    import hashlib
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def ensure_coding_pool(cfg: Config) -> pathlib.Path:
+    """The RL task pool: env.pool_dir, else a cached one (generated on first use from cfg.env:
+    num_tasks training tasks of the configured kinds; held-out modules are never used)."""
+    from composer_jax.env.tasks.generate import generate_pool
+    from composer_jax.env.tasks.pool import TaskPool
+    if cfg.env.pool_dir:
+        return pathlib.Path(cfg.env.pool_dir)
+    e = cfg.env
+    d = _cache(cfg) / "rl_pool" / _key(e.num_tasks, e.kinds, e.python_versions, e.task_seed,
+                                       e.max_tasks_per_module, e.modules, e.package_sources)
+    if len(TaskPool(d)) < e.num_tasks:
+        print(f"rl.tasks=coding: generating the task pool ({e.num_tasks} tasks) in {d}",
+              file=sys.stderr)
+        generate_pool(e, d, progress=True)
+    return d
+
+
+def ensure_sft_policy(cfg: Config, pool: pathlib.Path) -> pathlib.Path:
+    """The initial policy: rl.init_from, else the `sft` experiment run on `pool` (cached by pool
+    manifest and SFT settings; built on first use: a few minutes on CPU)."""
+    if cfg.rl.init_from:
+        return pathlib.Path(cfg.rl.init_from)
+    from composer_jax import registry
+    from composer_jax.api import save_config
+    exp = registry.get("sft")
+    sft = exp.make_config()
+    sft = dataclasses.replace(sft, data=dataclasses.replace(sft.data, sft_pool=str(pool),
+                                                            cache_dir=cfg.data.cache_dir),
+                              env=cfg.env, seed=cfg.seed)
+    manifest = (pool / "manifest.json").read_text() if (pool / "manifest.json").exists() else ""
+    d = _cache(cfg) / "rl_sft" / _key(to_dict(sft), manifest)
+    if not (d / "checkpoints" / str(sft.train.steps)).exists():     # missing or unfinished: (re)run
+        print(f"rl.tasks=coding: building the initial policy (the `sft` experiment) in {d}",
+              file=sys.stderr)
+        d.mkdir(parents=True, exist_ok=True)
+        save_config(sft, d / "config.json")
+        exp.run(sft, d)
+    return d
+
+
+def _run_config(cfg: Config, init_from: pathlib.Path) -> Config:
+    """The run's config with the policy's architecture (the init run's model section)."""
+    from composer_jax.train.weights import run_config
+    return dataclasses.replace(run_config(init_from, cfg), seed=cfg.seed)
+
+
 def program_spec(cfg: Config):
-    """The RL program of `rl.tasks` as a ProgramSpec every process can rebuild."""
+    """The RL program of `rl.tasks` as a ProgramSpec every process can rebuild (coding: after
+    `prepare_coding`, which resolves the pool, the initial policy and the tokenizer)."""
     from composer_jax.rl.program import ProgramSpec
     if cfg.rl.tasks == RLTasks.PARITY:
         return ProgramSpec("composer_jax.rl.parity_program:make", {"config": to_dict(cfg)})
-    raise ConfigError(f"rl.tasks={cfg.rl.tasks.value} is not wired into rl_async yet; use "
-                      f"rl.tasks=parity")
+    if cfg.rl.tasks == RLTasks.CODING:
+        if not cfg.env.pool_dir or not cfg.rl.init_from:
+            raise ConfigError("rl.tasks=coding needs env.pool_dir and rl.init_from resolved: "
+                              "call experiments.rl.prepare_coding(cfg) first")
+        return ProgramSpec("composer_jax.rl.coding_program:make", {
+            "config": to_dict(cfg), "pool_dir": cfg.env.pool_dir, "init_from": cfg.rl.init_from,
+            "tokenizer": str(pathlib.Path(cfg.rl.init_from) / "tokenizer.json")})
+    raise ConfigError(f"rl.tasks={cfg.rl.tasks.value} is not wired into rl_async; valid: "
+                      f"{[t.value for t in RLTasks]}")
+
+
+def prepare_coding(cfg: Config) -> Config:
+    """Resolves rl.tasks=coding: coding defaults, the task pool (env.pool_dir), the initial policy
+    (rl.init_from, built from the repository's `sft` experiment when unset) and its model."""
+    cfg = with_coding_defaults(cfg)
+    pool = ensure_coding_pool(cfg)
+    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, pool_dir=str(pool)))
+    init = ensure_sft_policy(cfg, pool)
+    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, init_from=str(init)))
+    return _run_config(cfg, init)
+
+
+def coding_eval_fn(cfg: Config):
+    """The checkpoint evaluator's function for rl.tasks=coding: the eval suite's runner
+    (`composer_jax.eval.api.eval_resolved_rate`) on rl.num_eval_tasks held-out suite tasks."""
+    from composer_jax.data.tokenizer import load_tokenizer
+    from composer_jax.eval.api import ensure_suite, eval_resolved_rate
+    tok = load_tokenizer(pathlib.Path(cfg.rl.init_from) / "tokenizer.json")
+    suite = ensure_suite(cfg, progress=False)
+
+    def evaluate(model, version: int) -> dict:
+        return eval_resolved_rate(model, tok, cfg, num_tasks=cfg.rl.num_eval_tasks,
+                                  name=f"rl-v{version}", suite=suite)
+    return evaluate
 
 
 def make_store(cfg: Config):
@@ -68,8 +220,15 @@ def run(cfg: Config, workdir: pathlib.Path) -> dict:
                           f"rate schedule would end before the run; raise train.steps")
     from absl import logging
     logging.set_verbosity(logging.WARNING)      # Orbax logs every save at INFO
+    eval_fn = None
+    if cfg.rl.tasks == RLTasks.CODING:
+        from composer_jax.api import save_config
+        cfg = prepare_coding(cfg)
+        save_config(cfg, workdir / "config.json")     # the resolved pool, policy and model
+        eval_fn = coding_eval_fn(cfg) if cfg.rl.eval_every > 0 else None
     try:
-        summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg), make_store(cfg))
+        summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg), make_store(cfg),
+                         eval_fn=eval_fn)
     finally:
         if cfg.rl.backend.value == "ray" and not cfg.rl.ray_address:
             import ray
@@ -86,3 +245,6 @@ registry.register("rl_async", "asynchronous RL (streamed rollouts, in-flight wei
                   lambda: _config(2), run)
 registry.register("rl_sync", "the rl_async job with rl.max_staleness=0 (synchronous RL baseline)",
                   lambda: _config(0), run)
+registry.register("rl_async_coding", "rl_async on sandboxed coding tasks (= rl_async --set "
+                  "rl.tasks=coding): SFT-initialised policy, real tools, eval-suite evaluator",
+                  lambda: _coding_config(2), run)

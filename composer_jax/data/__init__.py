@@ -20,7 +20,7 @@ Nothing heavy is imported here; the public names below load their module on firs
         -> grain.MapDataset   (finite, len(), iterate with `for batch in ...`)
 
 Batch: tokens/positions/segment_ids/targets [B,T] int32, loss_mask [B,T] float32,
-mtp_targets [B,D,T] int32, mtp_mask [B,D,T] float32 (B per host, D = mtp_depth).
+mtp_targets [B,Dm,T] int32, mtp_mask [B,Dm,T] float32 (B per host, Dm = mtp_depth).
 Special-token strings: `composer_jax.data.special_tokens`. Config: `composer_jax.data.config.DataConfig`.
 """
 

@@ -1,8 +1,9 @@
 """The grain input pipelines: pretraining, evaluation and SFT batches in the train step's format.
 
-Batch (numpy; B = per-host batch = global_batch_size / process_count, T = seq_len, D = mtp_depth):
+Batch (numpy; B = per-host batch = global_batch_size / process_count, T = seq_len, Dm = mtp_depth):
   tokens [B,T] int32, positions [B,T] int32, segment_ids [B,T] int32 (0 = padding),
-  targets [B,T] int32, loss_mask [B,T] float32, mtp_targets [B,D,T] int32, mtp_mask [B,D,T] float32
+  targets [B,T] int32, loss_mask [B,T] float32, mtp_targets [B,Dm,T] int32,
+  mtp_mask [B,Dm,T] float32
 (see `targets.py` for the exact rules).
 
 Pipeline: `grain.MapDataset.range(rows_per_epoch).repeat()` -> `map_with_index` builds packed row i

@@ -1,13 +1,14 @@
 """Next-token and multi-token-prediction targets of packed rows, computed per segment.
 
-Glossary: B rows, T tokens per row, D MTP depths. Inputs `[B, T]`: tokens, segment_ids (0 =
-padding), trainable (1 where a target token may carry loss). The target at offset o of position i
-is tokens[i + o]; it is *valid* when i + o < T and segment_ids[i + o] == segment_ids[i] != 0
-(segment ids of a row are contiguous runs, so equal ids mean the same document). Invalid targets are
-0 and masked; a valid target is trained when trainable[i + o] is 1.
+Glossary: B rows, T tokens per row, Dm MTP depths (D is the model dim elsewhere). Inputs
+`[B, T]`: tokens, segment_ids (0 = padding), trainable (1 where a target token may carry loss).
+The target at offset o of position i is tokens[i + o]; it is *valid* when i + o < T and
+segment_ids[i + o] == segment_ids[i] != 0 (segment ids of a row are contiguous runs, so equal ids
+mean the same document). Invalid targets are 0 and masked; a valid target is trained when
+trainable[i + o] is 1.
 
-  targets      [B, T]    offset 1          loss_mask [B, T]    float32
-  mtp_targets  [B, D, T] depth k: offset 1 + k (k = 1..D)      mtp_mask [B, D, T] float32
+  targets      [B, T]     offset 1                              loss_mask [B, T]     float32
+  mtp_targets  [B, Dm, T] depth k: offset 1 + k (k = 1..Dm)     mtp_mask [B, Dm, T]  float32
 """
 
 from __future__ import annotations

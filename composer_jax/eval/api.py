@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import pathlib
+import threading
 import time
 
 from composer_jax.env.config import TASK_KINDS, Split
 from composer_jax.eval.runner import RunSettings, run_suite
+from composer_jax.eval.sources import suite_builder_hash, task_generator_hash
 from composer_jax.eval.suite import Suite, build_suite, load_suite
 from composer_jax.heldout import HELDOUT_MODULES
 
@@ -27,15 +29,13 @@ def cache_dir(cfg) -> pathlib.Path:
     return pathlib.Path(resolved_cache_dir(cfg.data))
 
 
-# Bumped when the task generators change what they produce (2: refactor and large_feature kinds).
-EVAL_POOL_VERSION = 2
-
-
-def pool_key(cfg) -> str:
-    """Names the evaluation pool by what shapes it: generator version, task kinds, held-out
-    modules, size, Python versions, seed."""
-    spec = repr((EVAL_POOL_VERSION, sorted(TASK_KINDS), sorted(HELDOUT_MODULES),
-                 cfg.eval.pool_tasks, tuple(cfg.env.python_versions), cfg.env.task_seed))
+def pool_key(cfg, generator_hash: str | None = None) -> str:
+    """Names the evaluation pool by what shapes it: the content hash of the task generators' code
+    (`sources.task_generator_hash`, so editing a generator or anything it uses rebuilds the pool),
+    task kinds, held-out modules, size, Python versions, seed."""
+    gen = generator_hash if generator_hash is not None else task_generator_hash()
+    spec = repr((gen, sorted(TASK_KINDS), sorted(HELDOUT_MODULES), cfg.eval.pool_tasks,
+                 tuple(cfg.env.python_versions), cfg.env.task_seed))
     return hashlib.sha256(spec.encode()).hexdigest()[:10]
 
 
@@ -47,7 +47,8 @@ def eval_pool_dir(cfg) -> pathlib.Path:
 def suite_dir(cfg) -> pathlib.Path:
     if cfg.eval.suite_dir:
         return pathlib.Path(cfg.eval.suite_dir)
-    return cache_dir(cfg) / "eval_suite" / f"{cfg.eval.suite_name}-{cfg.eval.suite_size}-{pool_key(cfg)}"
+    return (cache_dir(cfg) / "eval_suite" /
+            f"{cfg.eval.suite_name}-{cfg.eval.suite_size}-{pool_key(cfg)}-{suite_builder_hash()[:8]}")
 
 
 def eval_env_config(cfg):
@@ -58,9 +59,28 @@ def eval_env_config(cfg):
                                max_turns=cfg.eval.max_turns)
 
 
+_LOADED: dict[tuple[str, int], Suite] = {}    # (suite dir, manifest mtime) -> loaded suite
+_LOADED_LOCK = threading.Lock()
+
+
 def ensure_suite(cfg, progress: bool = True) -> Suite:
-    """Loads the configured suite, building the pool and the suite first when missing."""
+    """Loads the configured suite, building the pool and the suite first when missing. A suite
+    already loaded in this process is reused (keyed by directory and manifest mtime, so a rebuilt
+    suite is read again); safe to call repeatedly and from several threads."""
     sdir = suite_dir(cfg)
+    manifest = sdir / "manifest.json"
+    if manifest.is_file():
+        key = (str(sdir.resolve()), manifest.stat().st_mtime_ns)
+        with _LOADED_LOCK:
+            if key not in _LOADED:
+                _LOADED.clear()               # keep only the newest suite
+                _LOADED[key] = load_suite(sdir)
+            return _LOADED[key]
+    with _LOADED_LOCK:
+        return _build_and_load(cfg, sdir, progress)
+
+
+def _build_and_load(cfg, sdir: pathlib.Path, progress: bool) -> Suite:
     if not (sdir / "manifest.json").is_file():
         from composer_jax.env.tasks.generate import generate_pool
         from composer_jax.env.tasks.pool import TaskPool
@@ -68,8 +88,27 @@ def ensure_suite(cfg, progress: bool = True) -> Suite:
         if len(TaskPool(pdir)) < cfg.eval.pool_tasks:
             generate_pool(eval_env_config(cfg), pdir, progress=progress)
         build_suite(pdir, sdir, name=cfg.eval.suite_name, size=cfg.eval.suite_size,
-                    min_median_lines=cfg.eval.min_median_lines)
+                    min_median_lines=cfg.eval.min_median_lines, verify=oracle_check(cfg))
     return load_suite(sdir)
+
+
+def oracle_check(cfg):
+    """The suite's soundness check: the oracle replays the reference fix through the real tools
+    in an evaluation episode; a task it does not resolve under the grader is rejected (the
+    returned text says how it failed)."""
+    from composer_jax.env.agents import OracleAgent
+    from composer_jax.env.episode import run_episode
+    env_cfg = eval_env_config(cfg)
+
+    def check(task, task_dir) -> str | None:
+        ep = run_episode(OracleAgent(task, task_dir), task, task_dir, env_cfg)
+        g = ep.grade
+        if g.resolved:
+            return None
+        return (f"the oracle's replay of the reference fix is not resolved by the grader "
+                f"(fail-to-pass {g.f2p_passed}/{g.f2p_total}, pass-to-pass {g.p2p_passed}/"
+                f"{g.p2p_total}, stop {ep.stop_reason}, tampered {g.tampered})")
+    return check
 
 
 def settings(cfg, **over) -> RunSettings:
@@ -98,14 +137,25 @@ def evaluate(cfg, policy, suite: Suite | None = None, progress: bool = True, on_
 
 
 def eval_resolved_rate(model, tokenizer, cfg, *, num_tasks: int = 4, style: str = "detailed",
-                       name: str = "checkpoint", suite: Suite | None = None) -> dict:
+                       name: str = "checkpoint", suite: Suite | None = None,
+                       engine=None) -> dict:
     """The RL evaluator's hook: greedy episodes of `model` (an nnx model) on the first `num_tasks`
-    suite tasks with one prompt style; returns {"eval_resolved_rate", "eval_partial",
-    "eval_tasks", "eval_suite_id", "eval_price", "eval_generated_tokens"}."""
+    suite tasks with one prompt style, run as RL runs them (`rl.agent.TokenAgent` sessions on an
+    inference engine service, `cfg.inference` knobs, `rl.summary_trigger_tokens`); returns
+    {"eval_resolved_rate", "eval_partial", "eval_tasks", "eval_suite_id", "eval_price",
+    "eval_generated_tokens"}.
+
+    Callable repeatedly from a long-lived process (the RL trainer): the suite is loaded once per
+    process (`ensure_suite`), jitted engine steps are shared by engines of the same model
+    structure, and each call's engine is stopped before returning. `engine`: a started engine to
+    run on instead (its current weights are evaluated and it is left running; `model` may then be
+    None)."""
     from composer_jax.eval.policies import ModelPolicy
     e = cfg.eval
     policy = ModelPolicy(name, model, tokenizer, max_new_tokens=e.max_new_tokens, temperature=0.0,
-                         max_context=e.max_context, concurrency=e.concurrency, seed=cfg.seed)
+                         max_context=e.max_context, concurrency=e.concurrency, seed=cfg.seed,
+                         engine=engine, engine_cfg=cfg.inference,
+                         summary_trigger_tokens=cfg.rl.summary_trigger_tokens)
     try:
         r = evaluate(cfg, policy, suite=suite, progress=False, samples=1, styles=(style,),
                      num_tasks=num_tasks)

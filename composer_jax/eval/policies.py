@@ -8,22 +8,26 @@
               checkpoint) or a Hugging Face checkpoint directory (config.json + safetensors, with a
               tokenizer.json beside them)
 
-A `Policy` makes one agent per episode (`agent(task, task_dir, seed)`) and meters every turn
-(`Meter`): prompt tokens, the part of them already sent in the previous turn of the episode
-(cacheable), and generated tokens. Reference agents are metered with the environment's
-characters/4 estimate on the rendered prompt; models with their tokenizer's real counts.
+A `Policy` runs one episode per call (`episode(task, task_dir, env_cfg, seed) -> EpisodeFacts`).
+Reference agents run in the environment's text loop, one agent per episode (`agent(task,
+task_dir, seed)`), metered turn by turn (`Meter`) with the characters/4 estimate on the rendered
+prompt: prompt tokens, the part already sent in the previous turn (cacheable), generated tokens.
+Models (`ModelPolicy`) run RL's token-level agent on the inference engine service, and are
+metered in real tokens from the rollout (`episodes.rollout_prompt_tokens`).
 """
 from __future__ import annotations
 
 import dataclasses
 import pathlib
-import threading
+import uuid
+import zlib
 from typing import Callable
 
 from composer_jax.env.agents import OracleAgent, null_agent
-from composer_jax.env.episode import approx_tokens
+from composer_jax.env.episode import approx_tokens, run_episode
 from composer_jax.env.protocol import render_prompt
 from composer_jax.env.tools import TOOL_SPECS
+from composer_jax.eval.episodes import EpisodeFacts, facts_from_episode, facts_from_rollout
 from composer_jax.eval.heuristic import HeuristicAgent
 from composer_jax.eval.metrics import common_prefix_len
 
@@ -68,6 +72,13 @@ class Policy:
     def agent(self, task, task_dir: pathlib.Path, seed: int):
         raise NotImplementedError
 
+    def episode(self, task, task_dir: pathlib.Path, env_cfg, seed: int) -> EpisodeFacts:
+        """Runs one episode of `task` (its problem statement already set to the prompt style) in
+        the environment's text loop with this policy's agent; thread-safe."""
+        agent, meter = self.agent(task, task_dir, seed)
+        ep = run_episode(agent, task, task_dir, env_cfg, count_tokens=self.count_tokens)
+        return facts_from_episode(ep, meter, task.pass_to_pass)
+
     def count_tokens(self, text: str) -> int:
         return approx_tokens(text)
 
@@ -95,29 +106,39 @@ class ReferencePolicy(Policy):
 
 
 class ModelPolicy(Policy):
-    """A model served by the inference engine; episodes share one engine (its driver batches the
-    concurrent requests when it has one, else requests are run one at a time under a lock)."""
+    """A model sampled exactly as RL samples it: each episode is a `rl.agent.TokenAgent` run on one
+    shared inference engine service (`inference.Engine`, started with a background driver), in its
+    own engine session, so the conversation's prefix stays in the cache across turns and only new
+    tokens (tool results, the next turn's header) are fed. Concurrent episodes (the runner's
+    threads: K samples of a task and other tasks) are batched by the engine's driver.
+
+    engine: an already started engine to reuse (e.g. the RL trainer's); it is left running by
+    `close`. Otherwise one is built from `model` with `engine_cfg` (max_batch = concurrency,
+    max_len = max_context) and stopped by `close`. Sampling: `temperature` (0 = greedy), one PRNG
+    stream per (episode seed, turn) so results do not depend on scheduling. `scripted`: a test
+    hook, `(task, task_dir) -> (messages -> text)`, whose text is forced through the engine
+    instead of sampling (`rl.agent.ScriptedPolicy`)."""
     kind = "model"
 
     def __init__(self, name: str, model, tokenizer, *, max_new_tokens: int, temperature: float,
-                 max_context: int, concurrency: int, seed: int, describe: dict | None = None):
-        from composer_jax.data import special_tokens as st
-        from composer_jax.env import protocol
+                 max_context: int, concurrency: int, seed: int, describe: dict | None = None,
+                 engine=None, engine_cfg=None, summary_trigger_tokens: int = 0,
+                 scripted: Callable | None = None):
         from composer_jax.inference import EngineConfig
         from composer_jax.inference.engine import Engine
+        from composer_jax.rl.agent import AgentConfig
 
         self.name, self.tokenizer, self._info = name, tokenizer, describe or {}
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        self.max_context = max_context
-        end = tokenizer.token_to_id(protocol.IM_END)
-        eos = tokenizer.token_to_id(st.EOS) if hasattr(st, "EOS") else None
-        self.stop = tuple(t for t in (end, eos) if t is not None)
-        self.engine = Engine.from_model(model, EngineConfig(max_batch=max(1, concurrency),
-                                                            max_len=max_context, seed=seed))
-        self._lock = threading.Lock()
-        self._service = hasattr(self.engine, "request") and hasattr(self.engine, "start")
-        if self._service:
-            self.engine.start()
+        self.max_context, self._scripted = max_context, scripted
+        self.agent_cfg = AgentConfig(max_new_tokens=max_new_tokens, temperature=temperature,
+                                     summary_trigger_tokens=summary_trigger_tokens,
+                                     record_messages=True)
+        self._own = engine is None
+        if engine is None:
+            base = engine_cfg if engine_cfg is not None else EngineConfig()
+            engine = Engine.from_model(model, dataclasses.replace(
+                base, max_batch=max(1, concurrency), max_len=max_context, seed=seed))
+        self.engine = engine.start()
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, **self._info}
@@ -125,36 +146,40 @@ class ModelPolicy(Policy):
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
 
-    def _generate(self, ids: list[int], seed: int):
-        from composer_jax.inference import SamplingParams
-        params = SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens,
-                                stop_tokens=self.stop, seed=seed)
-        if self._service:
-            return self.engine.request(ids, params).result()
-        with self._lock:
-            rid = self.engine.submit(ids, params)
-            return self.engine.run()[rid]
-
     def agent(self, task, task_dir, seed):
-        from composer_jax.data.chat import encode_prompt
-        meter = Meter()
-        turn = [0]
+        raise PolicyError("a model policy runs whole episodes on the engine (ModelPolicy.episode)")
 
-        def run(messages):
-            ids = encode_prompt(self.tokenizer, list(messages), list(TOOL_SPECS))
-            if len(ids) + self.max_new_tokens > self.max_context:
-                meter.add(ids, 0)
-                return "Context limit reached (eval.max_context); stopping."
-            c = self._generate(ids, seed * 1000 + turn[0])
-            turn[0] += 1
-            meter.add(ids, len(c.tokens))
-            text = self.tokenizer.decode([t for t in c.tokens if t not in self.stop])
-            return text
-        return run, meter
+    def episode(self, task, task_dir, env_cfg, seed: int) -> EpisodeFacts:
+        """One `TokenAgent` episode on the shared engine -> its EpisodeFacts (a crashed episode is
+        scored unresolved, its error kept in `EpisodeFacts.error`)."""
+        from composer_jax.rl.agent import ScriptedPolicy, TokenAgent
+
+        if self._scripted is not None:
+            turn_policy = ScriptedPolicy(self._scripted(task, task_dir), self.tokenizer)
+        else:
+            turn_policy = _SeededTurns(zlib.crc32(f"{task.task_id}:{seed}".encode()))
+        agent = TokenAgent(self.engine, self.tokenizer, self.agent_cfg, env_cfg, turn_policy)
+        rollout = agent.run(task, task_dir, group_id=f"eval/{task.task_id}",
+                            rollout_id=f"eval-{uuid.uuid4().hex}")
+        return facts_from_rollout(rollout, task.pass_to_pass)
 
     def close(self) -> None:
-        if self._service:
+        if self._own:
             self.engine.stop()
+
+
+class _SeededTurns:
+    """TokenAgent turn policy: the configured sampling with a PRNG seed fixed per (episode seed,
+    turn), so a sample's tokens do not depend on which requests share the engine's batch."""
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+
+    def __call__(self, request):
+        kind = 1 if request.kind == "summary" else 0
+        return dataclasses.replace(request.params,
+                                   seed=(self.seed * 100_003 + 2 * request.turn_index + kind)
+                                   % (2 ** 31))
 
 
 def load_model(path: pathlib.Path, cfg=None):
@@ -193,7 +218,8 @@ def make_policy(spec: str, cfg=None, *, max_new_tokens: int = 512, temperature: 
     model, tokenizer, info = load_model(path, cfg)
     return ModelPolicy(path.name, model, tokenizer, max_new_tokens=max_new_tokens,
                        temperature=temperature, max_context=max_context, concurrency=concurrency,
-                       seed=seed, describe=info)
+                       seed=seed, describe=info, engine_cfg=cfg.inference if cfg else None,
+                       summary_trigger_tokens=cfg.rl.summary_trigger_tokens if cfg else 0)
 
 
 AgentFactory = Callable[[object, pathlib.Path, int], tuple]

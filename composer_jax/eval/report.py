@@ -6,7 +6,8 @@ eval.json (format 1):
   summary   {"all" | STYLE: {resolved, partial, pass@1, pass@K, regressions, new_pyflakes_warnings,
              diff_lines, diff_ratio, out_of_scope_files, test_edits, generated_tokens, prompt_tokens,
              cached_prompt_tokens, tool_calls, turns, wall_s, price, invalid_calls,
-             tests_run_before_finish, claims_success, false_claim, final_message_chars, ...,
+             tests_run_before_finish, claims_success, false_claim, final_message_chars, crashed
+             (episodes that raised: scored unresolved), ...,
              num_tasks, resolved_stderr}}
   by_category {"all" | STYLE: {CATEGORY: {same keys}}}
   tasks     [{task_id, category, style, samples, num_resolved, pass@k..., means of the episode
@@ -31,11 +32,12 @@ TABLE_COLUMNS = [("resolved", "resolved", "{:.3f}"), ("partial", "partial", "{:.
                  ("regressions", "regr.", "{:.2f}"), ("new_pyflakes_warnings", "new warn.", "{:.2f}"),
                  ("diff_ratio", "diff/ref", "{:.2f}"), ("out_of_scope_files", "out-of-scope", "{:.2f}"),
                  ("test_edits", "test edits", "{:.2f}"), ("generated_tokens", "gen tok", "{:.0f}"),
-                 ("prompt_tokens", "prompt tok", "{:.0f}"), ("tool_calls", "calls", "{:.1f}"),
+                 ("prompt_tokens", "prompt tok", "{:.0f}"),
+                 ("cached_prompt_tokens", "cached tok", "{:.0f}"), ("tool_calls", "calls", "{:.1f}"),
                  ("turns", "turns", "{:.1f}"), ("wall_s", "wall s", "{:.1f}"),
                  ("price", "price $", "{:.4f}"), ("invalid_calls", "invalid", "{:.2f}"),
                  ("tests_run_before_finish", "tested", "{:.2f}"), ("false_claim", "false claim", "{:.2f}"),
-                 ("final_message_chars", "final chars", "{:.0f}")]
+                 ("final_message_chars", "final chars", "{:.0f}"), ("crashed", "crashed", "{:.2f}")]
 
 
 def summarize(records: list[dict], samples: int) -> dict:

@@ -18,7 +18,9 @@ Tasks come only from the pool's "eval" split (held-out modules, `composer_jax.he
 debugging (kinds bug, multi_bug), feature (feature, large_feature), refactoring (refactor),
 migration (migration). Selection (`select_tasks`) spreads the suite over the categories present and
 over modules, prefers larger changes, then swaps small tasks for large ones until the suite's
-median changed lines reaches `min_median_lines` (or says why it cannot).
+median changed lines reaches `min_median_lines` (or says why it cannot). With a `verify` check
+(`eval.api` passes one that replays the reference fix with the oracle through the real tools and
+grader), tasks that fail it are excluded and listed in the manifest.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import json
 import pathlib
 import shutil
 import statistics
+from typing import Callable
 
 from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
 from composer_jax.env.tasks.task import Task, load_task
@@ -143,8 +146,14 @@ def select_tasks(tasks: list[Task], size: int, min_median_lines: int) -> list[Ta
 
 
 def build_suite(pool_dir: pathlib.Path, suite_dir: pathlib.Path, *, name: str, size: int,
-                min_median_lines: int) -> dict:
-    """Builds a suite directory from the pool's evaluation tasks; returns the manifest."""
+                min_median_lines: int,
+                verify: Callable[[Task, pathlib.Path], str | None] | None = None) -> dict:
+    """Builds a suite directory from the pool's evaluation tasks; returns the manifest.
+
+    `verify(task, task_dir)`: None when a chosen task is sound, else why not (e.g. the reference
+    fix, replayed through the tools, does not resolve it under the grader). Rejected tasks are
+    left out, the selection is redone without them, and the manifest lists them under
+    "excluded" {task_id: why}, so a broken generator shows instead of lowering every score."""
     pool = TaskPool(pathlib.Path(pool_dir))
     all_tasks = pool.tasks()
     leaked = [t.task_id for t in all_tasks if t.split == "eval" and not all(
@@ -155,7 +164,25 @@ def build_suite(pool_dir: pathlib.Path, suite_dir: pathlib.Path, *, name: str, s
     if len(tasks) < size:
         raise SuiteError(f"{pool_dir} holds {len(tasks)} evaluation tasks, fewer than "
                          f"eval.suite_size={size}; run env_generate_eval with a larger env.num_tasks")
-    chosen = select_tasks(tasks, size, min_median_lines)
+    excluded: dict[str, str] = {}
+    sound: set[str] = set()
+    while True:
+        left = [t for t in tasks if t.task_id not in excluded]
+        if len(left) < size:
+            raise SuiteError(f"only {len(left)} sound evaluation tasks for eval.suite_size={size}; "
+                             f"excluded: {dict(list(excluded.items())[:5])}")
+        chosen = select_tasks(left, size, min_median_lines)
+        if verify is None:
+            break
+        for t in chosen:
+            if t.task_id not in sound:
+                why = verify(t, pool.task_dir(t.task_id))
+                if why is None:
+                    sound.add(t.task_id)
+                else:
+                    excluded[t.task_id] = why
+        if all(t.task_id in sound for t in chosen):
+            break
     suite_dir = pathlib.Path(suite_dir)
     tmp = suite_dir.with_name(suite_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -184,7 +211,7 @@ def build_suite(pool_dir: pathlib.Path, suite_dir: pathlib.Path, *, name: str, s
         "kinds": dict(sorted(collections.Counter(e["kind"] for e in entries).items())),
         "lines_changed": {c: lines_stats(per_cat[c]) for c in CATEGORIES},
         "median_lines_changed": float(statistics.median(e["lines_changed"] for e in entries)),
-        "tasks": entries,
+        "tasks": entries, "verified": verify is not None, "excluded": excluded,
     }
     atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
     if suite_dir.exists():

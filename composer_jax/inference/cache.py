@@ -38,25 +38,28 @@ class Cache:
         return next(x for x in (self.dense, self.moe, self.mtp) if x is not None).c.shape[2]
 
 
-def _stack(cfg: ModelConfig, layers: int, batch: int, max_len: int) -> LayerCache | None:
+def _stack(cfg: ModelConfig, layers: int, batch: int, max_len: int, dtype) -> LayerCache | None:
     if layers == 0:
         return None
-    dt = dtype_of(cfg.compute_dtype)
+    dt = dtype_of(dtype)
     return LayerCache(c=jnp.zeros((layers, batch, max_len, cfg.kv_lora_rank), dt),
                       k_pe=jnp.zeros((layers, batch, max_len, cfg.qk_rope_head_dim), dt))
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, with_mtp: bool = False) -> Cache:
-    """A zero cache for `batch` slots of `max_len` positions (MTP stack only if `with_mtp`)."""
-    return Cache(dense=_stack(cfg, cfg.first_k_dense, batch, max_len),
-                 moe=_stack(cfg, cfg.num_moe_layers, batch, max_len),
-                 mtp=_stack(cfg, cfg.mtp_depth if with_mtp else 0, batch, max_len))
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, with_mtp: bool = False,
+               dtype="float32") -> Cache:
+    """A zero cache for `batch` slots of `max_len` positions (MTP stack only if `with_mtp`),
+    in `dtype` (the model's execution.compute_dtype)."""
+    return Cache(dense=_stack(cfg, cfg.first_k_dense, batch, max_len, dtype),
+                 moe=_stack(cfg, cfg.num_moe_layers, batch, max_len, dtype),
+                 mtp=_stack(cfg, cfg.mtp_depth if with_mtp else 0, batch, max_len, dtype))
 
 
-def cache_bytes_per_token(cfg: ModelConfig, with_mtp: bool = False) -> int:
-    """Bytes one token occupies in the cache over all layers."""
+def cache_bytes_per_token(cfg: ModelConfig, with_mtp: bool = False, dtype="float32") -> int:
+    """Bytes one token occupies in the cache over all layers (cached in `dtype`, the model's
+    execution.compute_dtype)."""
     layers = cfg.num_layers + (cfg.mtp_depth if with_mtp else 0)
-    return layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * dtype_of(cfg.compute_dtype).itemsize
+    return layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * dtype_of(dtype).itemsize
 
 
 def write_layer(c_cache: jax.Array, kpe_cache: jax.Array, c: jax.Array, k_pe: jax.Array,

@@ -97,14 +97,16 @@ class _Session:
 class Engine:
     def __init__(self, graphdef, state, cfg: EngineConfig = EngineConfig(), version: int = 0,
                  detokenize: Callable[[list[int]], str] | None = None):
-        self.model_cfg = nnx.merge(graphdef, state).cfg
+        model = nnx.merge(graphdef, state)
+        self.model_cfg, self.execution = model.cfg, model.execution
         if cfg.spec_depth > self.model_cfg.mtp_depth:
             raise ConfigError(f"inference.spec_depth={cfg.spec_depth} needs that many MTP modules; "
                               f"the model has mtp_depth={self.model_cfg.mtp_depth}")
         self.cfg, self.graphdef, self.state, self.version = cfg, graphdef, state, version
         self.detokenize = detokenize
         b, depth = cfg.max_batch, cfg.spec_depth
-        self.cache = init_cache(self.model_cfg, b, cfg.max_len, with_mtp=depth > 0)
+        self.cache = init_cache(self.model_cfg, b, cfg.max_len, with_mtp=depth > 0,
+                                dtype=self.execution.compute_dtype)
         self.spec = init_spec_state(b, depth, self.model_cfg.vocab_size) if depth else None
         self._prefill_fn, self._decode_fn = _jitted(graphdef, depth, cfg.capture_router)
         self._base_key = jax.random.key(cfg.seed)

@@ -87,7 +87,7 @@ def forward_cached(graphdef, state, cache: Cache, tokens: jax.Array, win: Window
     MTP part of the cache is untouched (see `mtp_cached`).
     """
     model: Transformer = nnx.merge(graphdef, state)
-    ctx = Ctx(model.cfg)
+    ctx = model.forward_ctx()
     x = model.embed_tokens(tokens, ctx)
     dense, moe, idx = cache.dense, cache.moe, None
     if model.dense_layers is not None:
@@ -109,7 +109,7 @@ def mtp_cached(graphdef, state, cache: Cache, depth: int, h_prev: jax.Array,
     Returns (logits [B,T,V] f32, hidden [B,T,D] for the next depth, updated cache).
     """
     model: Transformer = nnx.merge(graphdef, state)
-    ctx = mtp_ctx(Ctx(model.cfg))
+    ctx = mtp_ctx(model.forward_ctx())
     mgd, mstate = nnx.split(model.mtp)
     m = nnx.merge(mgd, jax.tree.map(lambda a: a[depth], mstate))
     emb = model.embed_tokens(next_tokens, ctx)

@@ -6,7 +6,7 @@ kv: x @ wkv_a gives a compressed latent c (kv_lora) and ONE rotary key k_pe (qk_
 all heads; RMSNorm(c) @ wkv_b gives per-head k_nope and v. Softmax scale is
 qk_head_dim^-1/2 times the YaRN multiplier (rope.softmax_scale_multiplier).
 
-Long key ranges (S > model.attention_kv_block) use `flash_attention`: exact, blocked over keys,
+Long key ranges (S > execution.attention_kv_block) use `flash_attention`: exact, blocked over keys,
 with a custom VJP that saves only the output and the log-sum-exp, and for MLA it expands the latent
 into per-head K/V one key block at a time (`mla_kv`), so [S, H, Dk] keys never exist. Under context
 parallelism the default all-gathers only the latent and the shared rope key inside `jax.shard_map`
@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from composer_jax.config import ModelConfig
 from composer_jax.model import rope as rope_lib
-from composer_jax.model.layers import Ctx, RMSNorm, linear, make_param
+from composer_jax.model.layers import Ctx, ParamInit, RMSNorm, linear, make_param
 from composer_jax.parallel.ring_attention import online_softmax_block, ring_attention
 from composer_jax.parallel.sharding import CPAttention, current, shard
 
@@ -278,22 +278,23 @@ def allgather_latent_attention(q, c, k_pe, wkv_b, segment_ids, token_index, scal
 
 
 class MLA(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: tuple[int, ...] = ()):
+    def __init__(self, cfg: ModelConfig, pinit: ParamInit, rngs: nnx.Rngs,
+                 stack: tuple[int, ...] = ()):
         d, h = cfg.hidden_size, cfg.num_heads
         if cfg.q_lora_rank > 0:
-            self.wq_a = make_param(rngs, (d, cfg.q_lora_rank), ("embed", "q_lora"), cfg, stack)
-            self.q_norm = RMSNorm(cfg.q_lora_rank, cfg, stack, eps=LATENT_NORM_EPS)
+            self.wq_a = make_param(rngs, (d, cfg.q_lora_rank), ("embed", "q_lora"), pinit, stack)
+            self.q_norm = RMSNorm(cfg.q_lora_rank, cfg, pinit, stack, eps=LATENT_NORM_EPS)
             self.wq_b = make_param(rngs, (cfg.q_lora_rank, h, cfg.qk_head_dim),
-                                   ("q_lora", "heads", "head_dim"), cfg, stack)
+                                   ("q_lora", "heads", "head_dim"), pinit, stack)
         else:
             self.wq = make_param(rngs, (d, h, cfg.qk_head_dim), ("embed", "heads", "head_dim"),
-                                 cfg, stack)
+                                 pinit, stack)
         self.wkv_a = make_param(rngs, (d, cfg.kv_lora_rank + cfg.qk_rope_head_dim),
-                                ("embed", "kv_lora"), cfg, stack)
-        self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg, stack, eps=LATENT_NORM_EPS)
+                                ("embed", "kv_lora"), pinit, stack)
+        self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg, pinit, stack, eps=LATENT_NORM_EPS)
         self.wkv_b = make_param(rngs, (cfg.kv_lora_rank, h, cfg.qk_nope_head_dim + cfg.v_head_dim),
-                                ("kv_lora", "heads", "head_dim"), cfg, stack)
-        self.wo = make_param(rngs, (h, cfg.v_head_dim, d), ("heads", "head_dim", "embed"), cfg,
+                                ("kv_lora", "heads", "head_dim"), pinit, stack)
+        self.wo = make_param(rngs, (h, cfg.v_head_dim, d), ("heads", "head_dim", "embed"), pinit,
                              stack)
 
     def project_q(self, x, ctx: Ctx):
@@ -344,11 +345,12 @@ class MLA(nnx.Module):
             out = ring_attention(q, k, v, segment_ids, token_index, scale, pc)
         elif pc is not None and pc.context_parallel > 1:
             out = allgather_latent_attention(q, c, k_pe, self.wkv_b[...], segment_ids, token_index,
-                                             scale, cfg.attention_kv_block, cfg.qk_nope_head_dim,
-                                             ctx.dtype, pc)
+                                             scale, ctx.execution.attention_kv_block,
+                                             cfg.qk_nope_head_dim, ctx.dtype, pc)
         else:
             out = _latent_attention(q, c, k_pe, self.wkv_b[...], segment_ids, segment_ids,
-                                    token_index, token_index, scale, cfg.attention_kv_block,
+                                    token_index, token_index, scale,
+                                    ctx.execution.attention_kv_block,
                                     cfg.qk_nope_head_dim, ctx.dtype)
         out = shard(out, ("batch", "seq", "act_heads", None))
         return linear(out, self.wo[...], ctx, "bthv,hvd->btd")

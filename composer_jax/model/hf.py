@@ -28,7 +28,8 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from composer_jax.config import (DType, ModelConfig, RopeConfig, RopeScaling, ScoringFunc)
+from composer_jax.config import (DType, ExecutionConfig, ModelConfig, RopeConfig, RopeScaling,
+                                 ScoringFunc)
 from composer_jax.errors import CheckpointError
 from composer_jax.model.params import abstract_model
 from composer_jax.model.transformer import Transformer
@@ -79,7 +80,6 @@ def config_from_hf(hf: dict) -> ModelConfig:
     problems = _check_supported(hf)
     if problems:
         raise CheckpointError("unsupported config.json fields: " + "; ".join(problems))
-    dtype = str(hf.get("torch_dtype", hf.get("dtype", "float32"))).replace("torch.", "")
     scoring = hf.get("scoring_func", "sigmoid")
     if scoring not in ("sigmoid", "softmax"):
         raise CheckpointError(f"unsupported scoring_func {scoring!r}; supported: sigmoid, softmax")
@@ -100,15 +100,20 @@ def config_from_hf(hf: dict) -> ModelConfig:
             qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
             rope=_rope_from_hf(hf), max_position_embeddings=hf.get("max_position_embeddings", 4096),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            mtp_depth=hf.get("num_nextn_predict_layers", 0) or 0,
-            param_dtype=DType.BFLOAT16 if dtype == "bfloat16" else DType.FLOAT32,
-            compute_dtype=DType.BFLOAT16 if dtype == "bfloat16" else DType.FLOAT32)
+            mtp_depth=hf.get("num_nextn_predict_layers", 0) or 0)
     except KeyError as e:
         raise CheckpointError(f"config.json lacks the required key {e.args[0]!r}") from None
 
 
-def config_to_hf(cfg: ModelConfig) -> dict:
-    """A DeepseekV3 config.json dict for `cfg`."""
+def dtype_from_hf(hf: dict) -> DType:
+    """The checkpoint's stored dtype (torch_dtype): bfloat16, else float32."""
+    hf = hf.get("text_config", hf)
+    dtype = str(hf.get("torch_dtype", hf.get("dtype", "float32"))).replace("torch.", "")
+    return DType.BFLOAT16 if dtype == "bfloat16" else DType.FLOAT32
+
+
+def config_to_hf(cfg: ModelConfig, dtype: DType = DType.FLOAT32) -> dict:
+    """A DeepseekV3 config.json dict for `cfg` whose tensors are stored in `dtype`."""
     rope_scaling = None
     if cfg.rope.scaling == RopeScaling.YARN:
         rope_scaling = {"type": "yarn", "rope_type": "yarn", "factor": cfg.rope.factor,
@@ -134,7 +139,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "rope_theta": cfg.rope.theta, "rope_scaling": rope_scaling,
         "rope_interleave": cfg.rope.interleaved, "attention_bias": False,
         "attention_dropout": 0.0, "tie_word_embeddings": False, "use_cache": True,
-        "torch_dtype": jnp.dtype(cfg.param_dtype.value).name,
+        "torch_dtype": jnp.dtype(DType(dtype).value).name,
     }
 
 
@@ -346,23 +351,29 @@ def _read_param(leaf: _Leaf, index: _TensorIndex, shape, dtype, idx: tuple) -> n
     return out
 
 
-def load_hf(directory, dtype: str | None = None, shardings=None) -> tuple[ModelConfig, Transformer]:
+def load_hf(directory, dtype: str | None = None, shardings=None,
+            execution: ExecutionConfig | None = None) -> tuple[ModelConfig, Transformer]:
     """Reads a HF DeepseekV3 / Kimi-K2 checkpoint directory -> (ModelConfig, model).
 
-    dtype: parameter dtype ("float32"/"bfloat16"; default: the checkpoint's). shardings: optional
-    pytree of `jax.sharding.Sharding` matching `nnx.state(model)`, so each device reads only its
-    slices. Raises CheckpointError naming every problem found.
+    execution: how the model computes (`model.execution`); None: `ExecutionConfig()` in the
+    checkpoint's dtype. dtype ("float32"/"bfloat16"): parameter and compute dtype, overriding
+    `execution`'s. shardings: optional pytree of `jax.sharding.Sharding` matching
+    `nnx.state(model)`, so each device reads only its slices. Raises CheckpointError naming every
+    problem found.
     """
     directory = pathlib.Path(directory)
     cfg_file = directory / "config.json"
     if not cfg_file.exists():
         raise CheckpointError(f"{directory} has no config.json; expected a Hugging Face checkpoint "
                               f"directory (config.json + *.safetensors)")
-    cfg = config_from_hf(json.loads(cfg_file.read_text()))
-    if dtype is not None:
-        cfg = dataclasses.replace(cfg, param_dtype=DType(dtype), compute_dtype=DType(dtype))
+    hf = json.loads(cfg_file.read_text())
+    cfg = config_from_hf(hf)
+    if execution is None or dtype is not None:
+        dt = DType(dtype) if dtype is not None else dtype_from_hf(hf)
+        execution = dataclasses.replace(execution or ExecutionConfig(), param_dtype=dt,
+                                        compute_dtype=dt)
     index = _TensorIndex(directory)
-    abstract = abstract_model(cfg)
+    abstract = abstract_model(cfg, execution)
     graphdef, abstract_state = nnx.split(abstract)
     _check_tensors(cfg, abstract_state, index)
     pmap = param_map(cfg)
@@ -443,7 +454,8 @@ def save_hf(model: Transformer, directory, max_shard_bytes: int = 5 * 2**30) -> 
         weight_map = {t: f for f, names in final for t in names}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
-    (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg), indent=1))
+    (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg, model.execution.param_dtype),
+                                                indent=1))
     for old in list(directory.glob("*.safetensors")) + [directory / "model.safetensors.index.json"]:
         if old.exists():
             old.unlink()

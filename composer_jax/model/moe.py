@@ -19,7 +19,7 @@ from flax import nnx
 from composer_jax.config import ModelConfig, MoEImpl
 from composer_jax.model import router as router_lib
 from composer_jax.quant.grouped import grouped_matmul
-from composer_jax.model.layers import MLP, Ctx, RouterBias, linear, make_param
+from composer_jax.model.layers import MLP, Ctx, ParamInit, RouterBias, linear, make_param
 from composer_jax.parallel.expert import RowCodec, dispatch_expert_parallel
 from composer_jax.parallel.per_token import per_token
 from composer_jax.parallel.sharding import current
@@ -101,15 +101,17 @@ def route_local(x, segment_ids, w_router, bias, cfg: ModelConfig, replay_idx=Non
 
 
 class MoE(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: tuple[int, ...] = ()):
+    def __init__(self, cfg: ModelConfig, pinit: ParamInit, rngs: nnx.Rngs,
+                 stack: tuple[int, ...] = ()):
         d, e, f = cfg.hidden_size, cfg.num_routed_experts, cfg.moe_intermediate_size
-        self.router = make_param(rngs, (d, e), ("embed", "router"), cfg, stack)
-        self.bias = make_param(None, (e,), ("router",), cfg, stack, init="zeros", kind=RouterBias)
-        self.w_gate = make_param(rngs, (e, d, f), ("expert", "embed", "expert_mlp"), cfg, stack)
-        self.w_up = make_param(rngs, (e, d, f), ("expert", "embed", "expert_mlp"), cfg, stack)
-        self.w_down = make_param(rngs, (e, f, d), ("expert", "expert_mlp", "embed"), cfg, stack)
+        self.router = make_param(rngs, (d, e), ("embed", "router"), pinit, stack)
+        self.bias = make_param(None, (e,), ("router",), pinit, stack, init="zeros",
+                               kind=RouterBias)
+        self.w_gate = make_param(rngs, (e, d, f), ("expert", "embed", "expert_mlp"), pinit, stack)
+        self.w_up = make_param(rngs, (e, d, f), ("expert", "embed", "expert_mlp"), pinit, stack)
+        self.w_down = make_param(rngs, (e, f, d), ("expert", "expert_mlp", "embed"), pinit, stack)
         if cfg.num_shared_experts > 0:
-            self.shared = MLP(cfg, cfg.num_shared_experts * f, rngs, stack)
+            self.shared = MLP(cfg, pinit, cfg.num_shared_experts * f, rngs, stack)
         else:
             self.shared = None
 
@@ -137,10 +139,11 @@ class MoE(nnx.Module):
         if pc is not None and pc.expert_parallel:
             y, dropped = dispatch_expert_parallel(
                 x, idx, weights, self.w_gate[...], self.w_up[...], self.w_down[...], ctx.dtype, pc,
-                cfg.moe_capacity_factor, grouped=expert_parallel_matmul(ctx),
+                ctx.execution.moe_capacity_factor, grouped=expert_parallel_matmul(ctx),
                 codec=expert_parallel_codec(ctx, d))
         else:
-            dispatch = dispatch_ragged if cfg.moe_impl == MoEImpl.RAGGED else dispatch_dense
+            dispatch = (dispatch_ragged if ctx.execution.moe_impl == MoEImpl.RAGGED
+                        else dispatch_dense)
             y = dispatch(x.reshape(b * t, d), idx.reshape(b * t, -1), weights.reshape(b * t, -1),
                          self.w_gate[...], self.w_up[...], self.w_down[...], ctx)
             y = y.reshape(b, t, d)
@@ -152,7 +155,7 @@ class MoE(nnx.Module):
             "idx": idx,
             "balance_loss": (router_lib.sequence_balance_loss(
                 scores, idx, cfg.num_routed_experts, cfg.num_experts_per_tok, valid)
-                if cfg.seq_aux_loss_coef > 0
+                if ctx.balance_loss
                 else jnp.zeros((), jnp.float32)),
             "dropped_frac": dropped,
         }

@@ -6,18 +6,23 @@ import math
 import jax
 from flax import nnx
 
-from composer_jax.config import ModelConfig
+from composer_jax.config import ExecutionConfig, ModelConfig
 from composer_jax.model.transformer import Transformer
 
 
-def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
-    """A randomly initialised model (parameters allocated on the default device)."""
-    return Transformer(cfg, rngs=nnx.Rngs(params=seed))
+def init_model(cfg: ModelConfig, seed: int = 0, execution: ExecutionConfig | None = None,
+               init_std: float = 0.02) -> Transformer:
+    """A randomly initialised model (parameters allocated on the default device).
+
+    execution: how it computes (default `ExecutionConfig()`; from a Config: `cfg.execution`);
+    init_std: std of the normal init (from a Config: `cfg.train.init_std`)."""
+    return Transformer(cfg, nnx.Rngs(params=seed), execution or ExecutionConfig(), init_std)
 
 
-def abstract_model(cfg: ModelConfig) -> Transformer:
+def abstract_model(cfg: ModelConfig, execution: ExecutionConfig | None = None) -> Transformer:
     """The model with `jax.ShapeDtypeStruct` leaves: shapes and dtypes only, nothing allocated."""
-    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
+    return nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0),
+                                              execution or ExecutionConfig()))
 
 
 def _is_routed_expert(path) -> bool:

@@ -1,13 +1,20 @@
 """The DeepSeek-V3 / Kimi-K2 transformer with multi-token prediction (MTP).
 
 Layout: token embedding -> `first_k_dense` dense blocks (one stacked, scanned module) -> MoE blocks
-(a second stack) -> final RMSNorm -> untied LM head. MTP module k (1..D) takes the previous depth's
+(a second stack) -> final RMSNorm -> untied LM head. MTP module k (1..Dm) takes the previous depth's
 hidden state h_{k-1} (h_0 = the main model's last hidden state, before the final norm) and the
 embedding of token i+k: h'_k = eh_proj([RMSNorm(Emb(t_{i+k})); RMSNorm(h_{k-1})]) (the order of the
 DeepSeek-V3 checkpoints), one transformer block, then its own RMSNorm and the shared LM head.
-MTP modules are a stack of depth D scanned sequentially.
+MTP modules are a stack of depth Dm scanned sequentially.
 
 Use functionally: `graphdef, state = nnx.split(model)`; `nnx.merge(graphdef, state)(tokens)`.
+
+`Transformer(cfg, rngs, execution, init_std)`: `cfg` is the architecture; `execution` (an
+`ExecutionConfig`: dtypes, precision, remat, dispatch, attention blocking) is kept on the module as
+static structure (part of the graphdef, like `cfg`) and handed to every layer at trace time in the
+forward context (`Ctx`), so training, evaluation and the inference engine compute a given model
+the same way. To run the same weights another way, build the module with another
+`ExecutionConfig` and merge the state into it.
 
 Shape glossary: B batch, T tokens, D model dim, V vocab, K experts per token, E routed experts,
 Lm MoE layers, Dm MTP depth.
@@ -20,9 +27,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from composer_jax.config import ModelConfig, Remat
+from composer_jax.config import ExecutionConfig, ModelConfig, Remat
 from composer_jax.model.attention import MLA
-from composer_jax.model.layers import MLP, Ctx, RMSNorm, linear, make_param
+from composer_jax.model.layers import MLP, Ctx, ParamInit, RMSNorm, linear, make_param
 from composer_jax.model.moe import MoE
 from composer_jax.parallel.sharding import compute_value, gather_for_compute, shard
 
@@ -54,13 +61,14 @@ class ModelOutput:
 class Block(nnx.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then + ffn(norm(x)); ffn dense or MoE."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: tuple[int, ...], moe: bool):
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg, stack)
-        self.attn = MLA(cfg, rngs, stack)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg, stack)
+    def __init__(self, cfg: ModelConfig, pinit: ParamInit, rngs: nnx.Rngs,
+                 stack: tuple[int, ...], moe: bool):
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg, pinit, stack)
+        self.attn = MLA(cfg, pinit, rngs, stack)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg, pinit, stack)
         self.is_moe = moe
-        self.ffn = MoE(cfg, rngs, stack) if moe else MLP(cfg, cfg.dense_intermediate_size, rngs,
-                                                         stack)
+        self.ffn = (MoE(cfg, pinit, rngs, stack) if moe
+                    else MLP(cfg, pinit, cfg.dense_intermediate_size, rngs, stack))
 
     def __call__(self, x, positions, segment_ids, ctx: Ctx, replay_idx=None, token_index=None):
         x = x + self.attn(self.attn_norm(x), positions, segment_ids, ctx, token_index)
@@ -92,15 +100,16 @@ def drive_layers(blocks: Block, x, ctx: Ctx, layer_fn, xs=None, first_layer: int
     None. Returns (h, ys stacked [L, ...]).
     Per layer, ctx_l carries the layer's own key (ctx.key split L ways) and its precision: blocks
     whose global index (first_layer + l) is among the last `quant_bf16_last_blocks` of the model
-    run BF16 when the model is low-precision. remat: the rematerialisation policy of the body.
+    run BF16 when the model is low-precision (ctx.execution). remat: the rematerialisation
+    policy of the body.
     """
     graphdef, state = nnx.split(blocks)
     n = jax.tree.leaves(state)[0].shape[0]
     keys = None if ctx.key is None else jax.random.split(ctx.key, n)
     # Low precision: blocks whose global index is among the last `quant_bf16_last_blocks` stay BF16.
     keep_bf16 = jnp.arange(first_layer, first_layer + n) >= (
-        ctx.cfg.num_layers - ctx.cfg.quant_bf16_last_blocks)
-    mixed = ctx.fmt != "bf16" and ctx.cfg.quant_bf16_last_blocks > 0
+        ctx.cfg.num_layers - ctx.execution.quant_bf16_last_blocks)
+    mixed = ctx.fmt != "bf16" and ctx.execution.quant_bf16_last_blocks > 0
 
     def body(h, args):
         layer_state, layer_xs, layer_key, layer_bf16 = args
@@ -128,13 +137,13 @@ def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None,
     def layer(block, h, c, layer_replay):
         return block(h, positions, segment_ids, c, layer_replay, token_index)
 
-    return drive_layers(blocks, x, ctx, layer, replay, first_layer, ctx.cfg.remat)
+    return drive_layers(blocks, x, ctx, layer, replay, first_layer, ctx.execution.remat)
 
 
 def mtp_ctx(ctx: Ctx) -> Ctx:
     """The MTP blocks follow the last main blocks, so they stay BF16 when
     quant_bf16_last_blocks > 0 (training and inference alike)."""
-    if ctx.cfg.quant_bf16_last_blocks > 0:
+    if ctx.execution.quant_bf16_last_blocks > 0:
         return dataclasses.replace(ctx, quantized=False)
     return ctx
 
@@ -147,16 +156,16 @@ def mtp_input(m, emb, h_prev, ctx: Ctx):
 
 
 class MTPLayers(nnx.Module):
-    """D stacked MTP modules (DeepSeek-V3 style), sharing the model's embedding and LM head."""
+    """Dm stacked MTP modules (DeepSeek-V3 style), sharing the model's embedding and LM head."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, moe: bool):
+    def __init__(self, cfg: ModelConfig, pinit: ParamInit, rngs: nnx.Rngs, moe: bool):
         stack = (cfg.mtp_depth,)
         d = cfg.hidden_size
-        self.enorm = RMSNorm(d, cfg, stack)
-        self.hnorm = RMSNorm(d, cfg, stack)
-        self.eh_proj = make_param(rngs, (2 * d, d), ("mtp_concat", "embed"), cfg, stack)
-        self.block = Block(cfg, rngs, stack, moe)
-        self.norm = RMSNorm(d, cfg, stack)
+        self.enorm = RMSNorm(d, cfg, pinit, stack)
+        self.hnorm = RMSNorm(d, cfg, pinit, stack)
+        self.eh_proj = make_param(rngs, (2 * d, d), ("mtp_concat", "embed"), pinit, stack)
+        self.block = Block(cfg, pinit, rngs, stack, moe)
+        self.norm = RMSNorm(d, cfg, pinit, stack)
 
     def __call__(self, h0, future_emb, positions, segment_ids, ctx: Ctx, replay=None,
                  token_index=None):
@@ -178,7 +187,7 @@ class MTPLayers(nnx.Module):
             x, aux = m.block(x, positions, segment_ids, c, rep, token_index)
             return x, (m.norm(x), aux)
 
-        _, (normed, aux) = jax.lax.scan(_remat(body, ctx.cfg.remat), h0,
+        _, (normed, aux) = jax.lax.scan(_remat(body, ctx.execution.remat), h0,
                                         (state, future_emb, replay, keys))
         return normed, aux
 
@@ -195,17 +204,30 @@ def shift_tokens(tokens: jax.Array, k: int) -> jax.Array:
 
 
 class Transformer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs,
+                 execution: ExecutionConfig = ExecutionConfig(), init_std: float = 0.02):
+        """cfg: the architecture; execution: how to compute it (kept as `self.execution`, see the
+        module docstring; its param_dtype is the dtype the weights are created in); init_std: std
+        of the normal init (train.init_std)."""
+        execution.check_model(cfg)
         self.cfg = cfg
+        self.execution = execution
+        pinit = ParamInit(execution.param_dtype, init_std)
         d, v = cfg.hidden_size, cfg.vocab_size
-        self.embed = make_param(rngs, (v, d), ("vocab", "embed"), cfg)
+        self.embed = make_param(rngs, (v, d), ("vocab", "embed"), pinit)
         has_moe = cfg.num_moe_layers > 0
-        self.dense_layers = (Block(cfg, rngs, (cfg.first_k_dense,), moe=False)
+        self.dense_layers = (Block(cfg, pinit, rngs, (cfg.first_k_dense,), moe=False)
                              if cfg.first_k_dense > 0 else None)
-        self.moe_layers = Block(cfg, rngs, (cfg.num_moe_layers,), moe=True) if has_moe else None
-        self.final_norm = RMSNorm(d, cfg)
-        self.lm_head = make_param(rngs, (d, v), ("embed", "vocab"), cfg)
-        self.mtp = MTPLayers(cfg, rngs, moe=has_moe) if cfg.mtp_depth > 0 else None
+        self.moe_layers = (Block(cfg, pinit, rngs, (cfg.num_moe_layers,), moe=True) if has_moe
+                           else None)
+        self.final_norm = RMSNorm(d, cfg, pinit)
+        self.lm_head = make_param(rngs, (d, v), ("embed", "vocab"), pinit)
+        self.mtp = MTPLayers(cfg, pinit, rngs, moe=has_moe) if cfg.mtp_depth > 0 else None
+
+    def forward_ctx(self, quant_key=None, balance_loss: bool = False) -> Ctx:
+        """The forward context of this model (its architecture and `execution`), shared by the
+        training forward and the inference engine."""
+        return Ctx(self.cfg, self.execution, key=quant_key, balance_loss=balance_loss)
 
     def embed_tokens(self, tokens, ctx: Ctx):
         return jnp.take(compute_value(self.embed), tokens, axis=0).astype(ctx.dtype)
@@ -216,7 +238,8 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens, positions=None, segment_ids=None, router_replay=None,
                  mtp_router_replay=None, with_mtp: bool = True, token_index=None,
-                 mtp_tokens=None, quant_key=None, logits: bool = True) -> ModelOutput:
+                 mtp_tokens=None, quant_key=None, logits: bool = True,
+                 balance_loss: bool = False) -> ModelOutput:
         """tokens [B,T] int -> ModelOutput.
 
         positions [B,T] (default arange; restart per packed document), segment_ids [B,T]
@@ -225,11 +248,13 @@ class Transformer(nnx.Module):
         token_index [B,T] (default arange) and mtp_tokens [Dm,B,T] (default tokens shifted left by
         k): given by context parallelism, which feeds tokens in load-balanced order
         (composer_jax.parallel.context_parallel.reorder_batch). quant_key: PRNG key for NVFP4's
-        stochastic rounding of gradients (model.precision=nvfp4); None rounds to nearest.
+        stochastic rounding of gradients (execution.precision=nvfp4); None rounds to nearest.
         logits=False: skip the LM head (the train step applies it chunk by chunk to `normed`).
+        balance_loss: compute the sequence-wise balance loss (train.seq_aux_loss_coef > 0; else
+        `balance_loss` is 0).
         """
         cfg = self.cfg
-        ctx = Ctx(cfg, key=quant_key)
+        ctx = self.forward_ctx(quant_key, balance_loss)
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))

@@ -188,7 +188,10 @@ class TokenAgent:
             ep.info.update({"resolved": bool(grade.resolved), "f2p_passed": grade.f2p_passed,
                             "f2p_total": grade.f2p_total, "p2p_passed": grade.p2p_passed,
                             "p2p_total": grade.p2p_total, "changed_files": list(changed),
-                            "num_calls": num_calls, "num_invalid_calls": num_invalid})
+                            "num_calls": num_calls, "num_invalid_calls": num_invalid,
+                            "grader_ok": bool(grade.ok),
+                            "p2p_failed": sorted(t for t in task.pass_to_pass
+                                                 if grade.results.get(t) != "pass")})
             return Rollout(task.task_id, group_id, ep.segments, reward, rollout_id=rid,
                            timing=ep.finish_timing(), info=ep.finish_info())
         except Exception as exc:   # noqa: BLE001 - a crashed episode becomes an error rollout
@@ -257,7 +260,7 @@ class TokenAgent:
                 result = execute_call(ws, call)
                 ep.timing["tools_s"] += time.monotonic() - t0
                 pending.append({"role": "tool", "tool_call_id": call.call_id,
-                                "content": result.output})
+                                "content": result.output, "is_error": bool(result.is_error)})
                 if result.finished:
                     final, finished = result.output, True
                     break

@@ -31,8 +31,8 @@ from composer_jax.errors import ConfigError
 from composer_jax.rl.admission import AdmissionControl
 from composer_jax.rl.program import ProgramSpec, build_program
 from composer_jax.rl.rollout import Rollout, atomic_write_bytes
-from composer_jax.rl.services import (EVAL, EvaluatorService, InferenceService, Job,
-                                      TrainerService)
+from composer_jax.rl.services import (EVAL, CheckpointEvaluator, EvaluatorService,
+                                      InferenceService, Job, TrainerService)
 from composer_jax.rl.stream import RolloutLog, RolloutStream, group_name, sample_index
 
 
@@ -114,9 +114,12 @@ def _make_pool(settings: DriverSettings, spec: ProgramSpec, inference):
 
 
 def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
-           stop_event: threading.Event | None = None) -> dict:
+           stop_event: threading.Event | None = None, eval_fn=None) -> dict:
     """Runs (or resumes) an RL run until the trainer reaches `settings.steps` (module docstring).
-    `store` is the weight store (publish/fetch/latest) shared by trainer and inference."""
+    `store` is the weight store (publish/fetch/latest) shared by trainer and inference.
+    `eval_fn(model, version) -> dict`: when given (and rl.eval_every > 0), the checkpoint evaluator
+    scores every eval_every-th version and the last with it (e.g. the eval suite's runner);
+    otherwise the program's own held-out tasks are run as greedy episodes."""
     from composer_jax.rl.checkpoint import RLCheckpointer
 
     workdir = pathlib.Path(workdir)
@@ -176,15 +179,27 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     def checkpoint(v, st, groups):
         ckpt.save(v, st, groups, admission.started)
 
+    ckpt_eval = None
+    if eval_fn is not None and settings.eval_every > 0:
+        ckpt_eval = CheckpointEvaluator(eval_fn, settings.eval_every, metrics, settings.steps)
+
+    def on_step(v, st):
+        if ckpt_eval is not None and ckpt_eval.due(v):
+            ckpt_eval.submit(v, learner.eval_model(st))
+
     trainer = TrainerService(learner, stream, store, log, batch_groups=settings.batch_groups,
                              total_steps=settings.steps, checkpoint_every=settings.checkpoint_every,
                              state=state, version=version, consumed_groups=consumed,
                              checkpoint=checkpoint, log_metrics=metrics,
-                             rollouts_per_sec=rollouts_per_sec)
+                             rollouts_per_sec=rollouts_per_sec,
+                             on_publish=lambda: wake_inference(), on_step=on_step)
     if store.latest() != version:
         trainer.publish_current()
     inference = _make_inference(settings, spec, store)
-    evaluator = EvaluatorService(eval_tasks, settings.eval_every, metrics)
+    wake_inference = getattr(inference, "wake", lambda: None)
+    evaluator = EvaluatorService(eval_tasks if ckpt_eval is None else [], settings.eval_every,
+                                 metrics)
+    on_step(version, trainer.state)        # the starting policy (version 0 or the restored one)
     pool = _make_pool(settings, spec, inference)
     bar = _progress(settings, version)
     trainer.start()
@@ -205,7 +220,8 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
             if evaluator.due(v) or (v == settings.steps and eval_tasks and
                                     v not in evaluator.scheduled):
                 pending.extendleft(reversed(evaluator.jobs(v, settings.seed + 7919 * v)))
-            if p.done and not evaluator.busy() and not any(j.kind == EVAL for j in pending):
+            if (p.done and not evaluator.busy() and not any(j.kind == EVAL for j in pending)
+                    and (ckpt_eval is None or not ckpt_eval.busy())):
                 break
             while admission.can_start() and admission.started < total_groups:
                 gid = group_name(next_index)
@@ -218,7 +234,8 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
                 next_index += 1
             for _ in range(min(pool.num_idle(), len(pending))):
                 pool.submit(pending.popleft())
-            for job, rollout in pool.results(0.05):
+            # a short tick: the loop also notices a loaded version (admission) within 10 ms
+            for job, rollout in pool.results(0.01):
                 if rollout is None:          # the worker died mid-episode: run it again
                     print(f"warning: rollout worker died running {job.rollout_id}; replaced, "
                           f"episode requeued", file=sys.stderr)
@@ -256,7 +273,10 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
         "trained_tokens_per_sec": p.tokens_trained / elapsed,
         "trainer_idle_frac": p.wait_s / max(p.wait_s + p.busy_s, 1e-9),
         "staleness_hist": dict(collections.Counter(trainer.staleness_hist)),
-        "eval": {str(k): v for k, v in sorted(evaluator.results.items())},
+        "eval": {str(k): v for k, v in sorted({**evaluator.results, **(
+            ckpt_eval.results if ckpt_eval is not None else {})}.items())},
+        "eval_source": ("eval suite (checkpoint evaluator)" if ckpt_eval is not None else
+                        "held-out tasks of the program (parity: held-out parity tasks)"),
         "inference": inference_stats,
         "resumed_from": version, "readmitted": readmitted,
     }

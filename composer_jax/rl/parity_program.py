@@ -6,6 +6,8 @@ the pure `rl_step` (`rl/step.py`, Dr.GRPO with truncated IS).
 Sides (see `rl/program.py`):
 - env side (JAX-free): task -> prompt ids (the toy tokenizer), one `generate` call to the policy
   server, the rule grade (`toy_tasks.grade`) -> `Rollout` (`toy_tasks.rollout_from_completion`).
+  With `rl.env_latency_scale > 0` each episode also spends a modelled environment time drawn from
+  measured sandboxed episodes (`rl/latency_model.py`), half before and half after its reply.
 - inference side: a `tiny` MoE policy in an `Engine` started as a background service; `load`
   applies a weight-store version in flight.
 - trainer side: `build_rl_step` on the same initial weights; `make_batch` of the B·G rollouts.
@@ -23,6 +25,7 @@ import numpy as np
 
 from composer_jax.data import special_tokens as st
 from composer_jax.rl import toy_tasks as tt
+from composer_jax.rl.latency_model import episode_latency
 
 
 @functools.lru_cache(maxsize=2)
@@ -61,8 +64,14 @@ class ParityProgram:
         params = {"temperature": 0.0 if greedy else rl.temperature,
                   "max_new_tokens": rl.max_new_tokens,
                   "stop_tokens": (tok.token_to_id(st.IM_END),), "seed": seed}
+        wait = episode_latency(seed, rl.env_latency_scale)     # 0 unless the latency model is on
+        time.sleep(wait / 2)                # modelled exploring tool calls (env side, engine free)
         c = policy.call("generate", ids, params)
-        return tt.rollout_from_completion(task, "", ids, types.SimpleNamespace(**c), tok)
+        time.sleep(wait / 2)                # modelled test runs and grading
+        r = tt.rollout_from_completion(task, "", ids, types.SimpleNamespace(**c), tok)
+        if wait:
+            r.timing["modelled_env_s"] = wait
+        return r
 
     # ---------------------------------------------------------------- inference side
 
@@ -78,12 +87,13 @@ class ParityProgram:
 class ParityPolicy:
     """The engine as a policy server; `rpc("generate", ids, params)` -> completion fields."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, model=None):
         from composer_jax.inference.config import EngineConfig
         from composer_jax.inference.engine import Engine
         from composer_jax.model import init_model
         rl = cfg.rl
-        model = init_model(cfg.model, cfg.seed)
+        model = (init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
+                 if model is None else model)
         rows = max(rl.num_rollout_workers, 1)
         self.engine = Engine.from_model(model, EngineConfig(
             max_batch=rows, max_len=rl.seq_len, capture_router=rl.router_replay,
@@ -142,17 +152,21 @@ class ParityPolicy:
 
 
 class ParityLearner:
-    """`rl_step` on batches of B·G parity rollouts."""
+    """`rl_step` on batches of B·G rollouts (parity here; the coding program reuses it with its
+    own initial model: `make_model`, default a fresh `cfg.model` from `cfg.seed`)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, make_model=None):
         self.cfg = cfg
+        self._make_model = make_model
         self._fns = self._state = None
 
     def _build(self):
         if self._fns is None:
             from composer_jax.model import init_model
             from composer_jax.rl.step import build_rl_step
-            model = init_model(self.cfg.model, self.cfg.seed)
+            c = self.cfg
+            model = (init_model(c.model, c.seed, c.execution, c.train.init_std)
+                     if self._make_model is None else self._make_model())
             self._fns, self._state = build_rl_step(model, self.cfg)
         return self._fns
 
@@ -177,6 +191,14 @@ class ParityLearner:
     def weights(self, state):
         from composer_jax.rl.weights.engine_sync import publishable
         return publishable(state.params, state.buffers)
+
+    def eval_model(self, state):
+        """A model holding a copy of `state`'s weights (the state is donated by the next step),
+        for the evaluator."""
+        import jax
+        import jax.numpy as jnp
+        fns = self._build()
+        return fns.merge(jax.tree.map(jnp.copy, state.params), jax.tree.map(jnp.copy, state.buffers))
 
 
 def make(config: dict) -> ParityProgram:

@@ -3,6 +3,8 @@
   plots/reward.png       reward_mean (training episodes) and eval_resolved_rate vs version
   plots/staleness.png    histogram of rollout staleness (trainer version - sampling version)
   plots/throughput.png   rollouts/s and trained tokens/s vs version, trainer idle fraction
+  plots/behaviour.png    tool-using episodes only (rl.tasks=coding): valid-call rate, tool calls,
+                         invalid calls, turns per episode, the effort x and the resolved rates
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in (("reward_mean", "train reward_mean"), ("resolved_rate", "train resolved"),
-                       ("eval_resolved_rate", "eval resolved (held-out)")):
+                       ("eval_resolved_rate", "eval resolved (held-out; "
+                        + ("eval suite" if summary.get("eval_source", "").startswith("eval suite")
+                           else "held-out program tasks") + ")")):
         x, y = metric_series(rows, key)
         if x:
             ax.plot(x, y, marker="o" if key.startswith("eval") else None, label=label)
@@ -59,6 +63,25 @@ def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
         ax2.set_ylabel("trainer idle fraction")
     ax.legend(loc="upper left")
     paths.append(_save(fig, out / "throughput.png"))
+
+    if metric_series(rows, "tool_calls_mean")[0]:
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+        for key in ("valid_call_rate", "resolved_rate", "eval_resolved_rate"):
+            x, y = metric_series(rows, key)
+            if x:
+                a.plot(x, y, marker="o" if key.startswith("eval") else ".", label=key)
+        a.set_ylim(-0.05, 1.05)
+        a.set_ylabel("rate")
+        for key in ("tool_calls_mean", "invalid_calls_mean", "turns_mean", "reward_effort_mean"):
+            x, y = metric_series(rows, key)
+            if x:
+                b.plot(x, y, marker=".", label=key)
+        b.set_ylabel("per episode")
+        for ax in (a, b):
+            ax.set_xlabel("policy version")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        paths.append(_save(fig, out / "behaviour.png"))
     return paths
 
 

@@ -14,6 +14,7 @@ rollout stream (`rl/stream.py`) and the weight store (`publish(version, params)`
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 import traceback
@@ -73,6 +74,34 @@ def resolved_of(rollout: Rollout) -> float:
     return float(bool(rollout.info.get("resolved", False)))
 
 
+BEHAVIOUR_TERMS = ("valid_calls", "invalid_calls", "length", "communication", "effort",
+                   "outside_edits", "false_claim")
+
+
+def behaviour_metrics(rollouts: list[Rollout]) -> dict:
+    """Per-batch agent behaviour of tool-using episodes (those whose info has `num_calls`):
+    valid_call_rate (valid calls / calls, over the batch; absent when no call was made),
+    tool_calls_mean, invalid_calls_mean, turns_mean, generated_tokens_mean, and the mean of each
+    reward term (`reward_<term>_mean`: valid_calls, invalid_calls, length, communication, effort
+    (the effort x, not a reward), outside_edits, false_claim). {} for other episodes (parity)."""
+    eps = [r for r in rollouts if r.error is None and "num_calls" in r.info]
+    if not eps:
+        return {}
+    calls = np.array([r.info["num_calls"] for r in eps], np.float64)
+    invalid = np.array([r.info.get("num_invalid_calls", 0) for r in eps], np.float64)
+    out = {"tool_calls_mean": float(calls.mean()), "invalid_calls_mean": float(invalid.mean()),
+           "turns_mean": float(np.mean([r.info.get("num_turns", 0) for r in eps])),
+           "generated_tokens_mean": float(np.mean([r.info.get("generated_tokens", 0)
+                                                   for r in eps]))}
+    if calls.sum() > 0:
+        out["valid_call_rate"] = float((calls - invalid).clip(min=0).sum() / calls.sum())
+    for term in BEHAVIOUR_TERMS:
+        vals = [r.reward[term] for r in eps if term in r.reward]
+        if vals:
+            out[f"reward_{term}_mean"] = float(np.mean(vals))
+    return out
+
+
 def sync_stats(info, params) -> dict:
     """weight_sync_bytes / weight_sync_ratio from what a store's publish returned (an object or
     dict: bytes sent as `bytes_sent` or `bytes`, full size as `full_bytes` or `raw_bytes`, e.g.
@@ -115,6 +144,7 @@ class InferenceService:
         self.poll_s = poll_s
         self.swaps = 0
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def wait_for_weights(self, timeout: float = 600.0) -> int:
@@ -142,10 +172,17 @@ class InferenceService:
 
     def start(self) -> None:
         def loop():
-            while not self._stop.wait(self.poll_s):
-                self.refresh()
+            while not self._stop.is_set():
+                self._wake.wait(self.poll_s)
+                self._wake.clear()
+                if not self._stop.is_set():
+                    self.refresh()
         self._thread = threading.Thread(target=loop, name="weight-poller", daemon=True)
         self._thread.start()
+
+    def wake(self) -> None:
+        """A new version was published: look now instead of at the next poll (same process)."""
+        self._wake.set()
 
     def rpc(self, method: str, args: tuple, kwargs: dict):
         return self.server.rpc(method, args, kwargs)
@@ -159,6 +196,7 @@ class InferenceService:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         close = getattr(self.server, "close", None)
@@ -192,7 +230,8 @@ class TrainerService:
     def __init__(self, learner, stream: RolloutStream, store, log: RolloutLog, *, batch_groups: int,
                  total_steps: int, checkpoint_every: int, state, version: int,
                  consumed_groups: set, checkpoint: Callable, log_metrics: Callable,
-                 rollouts_per_sec: Callable[[], float]):
+                 rollouts_per_sec: Callable[[], float], on_publish: Callable[[], None] = None,
+                 on_step: Callable[[int, object], None] | None = None):
         self.learner, self.stream, self.store, self.log = learner, stream, store, log
         self.batch_groups, self.total_steps = batch_groups, total_steps
         self.checkpoint_every = checkpoint_every
@@ -200,6 +239,8 @@ class TrainerService:
         self.progress = TrainerProgress(version=version, consumed_groups=set(consumed_groups))
         self._checkpoint, self._log_metrics = checkpoint, log_metrics
         self._rollouts_per_sec = rollouts_per_sec
+        self._on_publish = on_publish or (lambda: None)
+        self._on_step = on_step or (lambda version, state: None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.staleness_hist: list[int] = []
@@ -252,6 +293,8 @@ class TrainerService:
         self.state = state
         p.consumed_groups.update(gids)
         p.version = new_version
+        self._on_publish()                 # the inference service loads it now, not at a poll
+        self._on_step(new_version, state)  # e.g. the checkpoint evaluator copies the weights
         p.rollouts_trained += len(rollouts)
         tokens = sum(r.num_trainable for r in rollouts)
         p.tokens_trained += tokens
@@ -275,6 +318,7 @@ class TrainerService:
             "trained_tokens": float(tokens),
             "trained_tokens_per_sec": tokens / max(t2 - t0, 1e-9),
             "rollouts_per_sec": self._rollouts_per_sec(),
+            **behaviour_metrics(rollouts),
             **sync,
         }
         self._log_metrics(new_version, row)
@@ -286,12 +330,19 @@ class TrainerService:
 
 
 class EvaluatorService:
-    """Held-out evaluation of policy versions: the driver schedules one greedy episode per
-    held-out task whenever the trainer passes a multiple of `eval_every`; `record` collects them
-    and logs `eval_resolved_rate` / `eval_reward_mean` once a version's episodes are all in."""
+    """Held-out evaluation of policy versions by the program's own held-out tasks (the parity
+    program: held-out parity tasks, NOT the eval suite): the driver schedules one greedy episode
+    per held-out task whenever the trainer passes a multiple of `eval_every`; `record` collects
+    them and logs, once a version's episodes are all in, `heldout_parity_resolved_rate` and
+    `heldout_parity_reward_mean` (prefix `name`), and the same rate under the stable name
+    `eval_resolved_rate` with `eval_source` = 1 (held-out program tasks; the eval suite's
+    checkpoint evaluator logs `eval_source` = 2)."""
 
-    def __init__(self, tasks: list[str], eval_every: int, log_metrics: Callable):
-        self.tasks, self.eval_every = list(tasks), eval_every
+    SOURCE = 1.0
+
+    def __init__(self, tasks: list[str], eval_every: int, log_metrics: Callable,
+                 name: str = "heldout_parity"):
+        self.tasks, self.eval_every, self.name = list(tasks), eval_every, name
         self._log_metrics = log_metrics
         self._pending: dict[int, dict[str, Rollout]] = {}
         self.scheduled: set[int] = set()
@@ -312,13 +363,82 @@ class EvaluatorService:
         got[job.group_id] = rollout
         if len(got) == len(self.tasks):
             rs = list(got.values())
-            row = {"eval_resolved_rate": float(np.mean([resolved_of(r) for r in rs])),
-                   "eval_reward_mean": float(np.mean([r.total_reward for r in rs])),
-                   "eval_error_rate": float(np.mean([r.error is not None for r in rs])),
-                   "eval_num_tasks": float(len(rs))}
+            rate = float(np.mean([resolved_of(r) for r in rs]))
+            row = {f"{self.name}_resolved_rate": rate,
+                   f"{self.name}_reward_mean": float(np.mean([r.total_reward for r in rs])),
+                   f"{self.name}_error_rate": float(np.mean([r.error is not None for r in rs])),
+                   f"{self.name}_num_tasks": float(len(rs)),
+                   "eval_resolved_rate": rate, "eval_source": self.SOURCE}
             self.results[job.eval_version] = row
             del self._pending[job.eval_version]
             self._log_metrics(job.eval_version, row)
 
     def busy(self) -> bool:
         return bool(self._pending)
+
+
+class CheckpointEvaluator:
+    """Scores new policy versions with an external evaluation function (the eval suite's runner:
+    `experiments/rl.py` passes `composer_jax.eval.api.eval_resolved_rate`, which the rl layer
+    must not import). Every `eval_every`-th version (and the last), the trainer's weights are
+    copied into a model (`learner.eval_model(state)`) and `eval_fn(model, version) -> dict` runs
+    on the evaluator's own thread, one version at a time, beside training; its numeric results
+    are logged at that version with `eval_source` = 2 (the eval suite)."""
+
+    SOURCE = 2.0
+
+    def __init__(self, eval_fn: Callable, eval_every: int, log_metrics: Callable,
+                 final_version: int):
+        self.eval_fn, self.eval_every, self.final = eval_fn, eval_every, final_version
+        self._log_metrics = log_metrics
+        self._queue: list[tuple[int, object]] = []
+        self._cv = threading.Condition()
+        self._running = False
+        self.scheduled: set[int] = set()
+        self.results: dict[int, dict] = {}
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="checkpoint-evaluator",
+                                        daemon=True)
+        self._thread.start()
+
+    def due(self, version: int) -> bool:
+        return version not in self.scheduled and (
+            (self.eval_every > 0 and version % self.eval_every == 0) or version == self.final)
+
+    def submit(self, version: int, model) -> None:
+        with self._cv:
+            self.scheduled.add(version)
+            self._queue.append((version, model))
+            self._cv.notify_all()
+
+    def busy(self) -> bool:
+        with self._cv:
+            return bool(self._queue) or self._running
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                version, model = self._queue.pop(0)
+                self._running = True
+            t0 = time.monotonic()
+            try:
+                out = self.eval_fn(model, version)
+                row = {k: float(v) for k, v in out.items()
+                       if isinstance(v, (int, float, np.floating, np.integer))
+                       and not isinstance(v, bool)}
+                row.update(eval_source=self.SOURCE, eval_time_s=time.monotonic() - t0)
+                self.results[version] = {**row, **{k: v for k, v in out.items()
+                                                   if isinstance(v, str)}}
+                self._log_metrics(version, row)
+            except Exception as e:  # noqa: BLE001  (an evaluation failure is reported, not fatal)
+                self.error = e
+                self.results[version] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"warning: evaluation of version {version} failed: {type(e).__name__}: "
+                      f"{e}\n{traceback.format_exc(limit=6)}", file=sys.stderr)
+            finally:
+                del model
+                with self._cv:
+                    self._running = False
+                    self._cv.notify_all()

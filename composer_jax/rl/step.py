@@ -20,8 +20,8 @@ truncated_is) unless the batch carries a `logp_old` field (several updates on on
 modules are not run: RL trains the main head.
 
 Metrics: loss, grad_norm, update_skipped, expert_load_max_over_mean, reward_mean, resolved_rate,
-kl_k1 (beta > 0 only: mean per episode), is_weight_mean, is_weight_max (exact with one microbatch;
-else the mean of the microbatch maxima), is_truncated_frac, clip_frac, entropy (mean per sampled
+kl_k1 (beta > 0 only: mean per episode), is_weight_mean, is_weight_max (over the whole batch: the
+builder max-reduces it over microbatches, `LossSpec.max_aux`), is_truncated_frac, clip_frac, entropy (mean per sampled
 token), mismatch_abs (mean |logp_old - behaviour_logp|), mismatch_k3 (mean k3 estimate of
 KL(sampler || trainer)), advantage_abs_mean, tokens.
 """
@@ -82,7 +82,7 @@ def _policy_fn(model, batch, ctx):
         logp, logp_old, batch["behaviour_logp"], batch["advantages"], mask,
         kind=rl.loss.value, is_truncation=rl.is_truncation, clip_eps=rl.clip_eps,
         normalizer=rl.loss_normalizer)
-    m = dict(m, entropy_sum=jnp.sum(mask * jax.lax.stop_gradient(entropy)), micro=jnp.ones(()))
+    m = dict(m, entropy_sum=jnp.sum(mask * jax.lax.stop_gradient(entropy)))
     return loss, m
 
 
@@ -100,7 +100,7 @@ def _policy_metrics(aux, denoms):
     return {"reward_mean": denoms["reward_mean"], "resolved_rate": denoms["resolved_rate"],
             "advantage_abs_mean": denoms["advantage_abs_mean"], "tokens": aux["tokens"],
             "is_weight_mean": aux["is_weight_sum"] / n,
-            "is_weight_max": aux["is_weight_max"] / aux["micro"],
+            "is_weight_max": aux["is_weight_max"],
             "is_truncated_frac": aux["is_truncated"] / n, "clip_frac": aux["clipped"] / n,
             "entropy": aux["entropy_sum"] / n, "mismatch_abs": aux["mismatch_abs_sum"] / n,
             "mismatch_k3": aux["mismatch_k3_sum"] / n}
@@ -113,7 +113,7 @@ def _seq_logp_fn(model, batch, ctx):
 
 RL_POLICY_LOSS = register_loss(LossSpec(
     name="rl_policy", fn=_policy_fn, denominators=_policy_denominators, schema=RL_FIELDS,
-    metrics=_policy_metrics,
+    metrics=_policy_metrics, max_aux=("is_weight_max",),
     doc="policy gradient with truncated IS (or PPO clip), constant normalizer; composer_jax.rl"))
 RL_SEQ_LOGP = register_loss(LossSpec(
     name="rl_seq_logp", fn=_seq_logp_fn,

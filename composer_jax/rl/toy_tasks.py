@@ -202,7 +202,7 @@ def train_toy(cfg, *, steps: int, tasks_per_step: int = 4, group_size: int = 8,
     if tok.vocab_size != cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} but the toy tokenizer has "
                          f"{tok.vocab_size} ids; use toy_model_config(tokenizer.vocab_size)")
-    model = init_model(cfg.model, cfg.seed)
+    model = init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
     fns, state = build_rl_step(model, cfg)
     n_rows = tasks_per_step * group_size
     def engine_state(params, buffers):   # a copy: rl_step donates (and so frees) its state

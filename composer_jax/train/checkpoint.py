@@ -2,7 +2,9 @@
 
 A checkpoint step holds three items: `state` (TrainState: params, router biases, optimizer state,
 step, non-finite counters), `data` (the input iterator's state, JSON) and `meta` (the model config
-and the run's seed, JSON). Orbax writes each step into a temporary directory and renames it when
+and the run's seed, JSON). A restore checks that the model section (the architecture: what the
+weights mean) is the one of the checkpoint and nothing else, so a run may resume with another
+`execution` (remat, precision, kernels, dtypes) or other training settings. Orbax writes each step into a temporary directory and renames it when
 complete, so a crash mid-save never leaves a half-written "latest" checkpoint. If the latest
 checkpoint cannot be read, restore falls back to the previous one and says so.
 """
@@ -15,24 +17,20 @@ import time
 import jax
 import orbax.checkpoint as ocp
 
-from composer_jax.config import Config, to_dict
+from composer_jax.config import Config, ModelConfig, from_dict, split_legacy_model, to_dict
 from composer_jax.errors import CheckpointError
 from composer_jax.runlog import run_path
 
 
-# ModelConfig fields that choose how the model is computed, not what its weights mean: a run may
-# resume with other values (e.g. turn on remat, switch the MoE kernel or the matmul precision).
-EXECUTION_FIELDS = frozenset({
-    "name", "remat", "precision", "moe_impl", "attention_kv_block", "moe_capacity_factor",
-    "quant_bf16_last_blocks", "compute_dtype", "router_bias_update_rate", "seq_aux_loss_coef",
-    "init_std"})
-
-
-def weight_meaning(model_cfg) -> dict:
-    """The fields of a ModelConfig that change the meaning of its weights (shapes, routing,
-    normalisation, positions): everything but `EXECUTION_FIELDS`."""
-    d = to_dict(model_cfg)
-    return {k: v for k, v in d.items() if k not in EXECUTION_FIELDS}
+def saved_model_config(saved: dict) -> ModelConfig | None:
+    """The ModelConfig a checkpoint's meta recorded, or None when it cannot be read. Checkpoints
+    written before the `execution` section existed recorded execution fields (remat, precision,
+    ...) in the model section: they are left out (`composer_jax.config.split_legacy_model`); keys
+    the checkpoint predates take their defaults (configs only ever gain fields with defaults)."""
+    try:
+        return from_dict(ModelConfig, split_legacy_model(saved)[0])
+    except Exception:  # noqa: BLE001  (an unknown or invalid field: not a model we can compare)
+        return None
 
 
 class Checkpointer:
@@ -76,11 +74,13 @@ class Checkpointer:
                 print(f"warning: checkpoint step {step} in {self.directory} is unreadable "
                       f"({type(e).__name__}); falling back to the previous one", file=sys.stderr)
                 continue
-            if check_config and not self._same_model(meta.get("model", {})):
+            then_cfg = saved_model_config(meta.get("model", {}))
+            if check_config and then_cfg != self.cfg.model:
                 now = to_dict(self.cfg.model)
-                then = meta.get("model", {})
-                diff = {k: (then.get(k, "<default>"), now.get(k)) for k in set(now) | set(then)
-                        if then.get(k, now.get(k)) != now.get(k) and k not in EXECUTION_FIELDS}
+                then = (to_dict(then_cfg) if then_cfg is not None
+                        else split_legacy_model(meta.get("model", {}))[0])
+                diff = {k: (then.get(k, "<missing>"), now.get(k, "<unknown>"))
+                        for k in sorted(set(now) | set(then)) if then.get(k) != now.get(k)}
                 raise CheckpointError(
                     f"checkpoint step {step} in {self.directory} was written by a different model "
                     f"config (checkpoint vs now: {diff}); use another --workdir or the same config")
@@ -98,18 +98,6 @@ class Checkpointer:
         if steps:
             raise CheckpointError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
         return None
-
-    def _same_model(self, saved: dict) -> bool:
-        """Whether a checkpoint's model config means the same weights as ours: every field but the
-        execution choices (`EXECUTION_FIELDS`: remat, precision, kernels, blocking, dtypes of the
-        computation) is equal; keys the checkpoint predates take their defaults (configs only ever
-        gain fields with defaults)."""
-        from composer_jax.config import ModelConfig, from_dict
-        try:
-            then = from_dict(ModelConfig, saved)
-        except Exception:  # noqa: BLE001  (an unknown or invalid field: not the same model)
-            return False
-        return weight_meaning(then) == weight_meaning(self.cfg.model)
 
     def _set_aside(self, bad_steps: list[int]) -> None:
         """Moves unreadable checkpoints out of the manager's way (kept for inspection, not

@@ -52,6 +52,27 @@ def lm_denominators(batch: dict) -> dict:
             "mtp_tokens": jnp.maximum(batch["mtp_mask"].sum(axis=(0, 2)), 1.0)}
 
 
+def head_ce_sums(ctx, h: jax.Array, targets: jax.Array, mask: jax.Array, w: jax.Array,
+                 z_coef: float):
+    """(objective, ce_sum, z_sum) of the LM head on h [B,T,D] against targets/mask [B,T]:
+    objective = ce_sum + z_coef * z_sum carries the gradients (ce_sum, z_sum may not).
+
+    One device (no mesh): `losses.fused_head_ce`, vocabulary-tiled with the gradients computed in
+    the forward (no [tokens, V] logits, no softmax re-materialisation; the fast path on CPU).
+    On a mesh: logits in token chunks (`ctx.chunked_sum`, bounded memory the planner counts on,
+    with the vocabulary sharded as the rules say)."""
+    if ctx.pc is None:
+        dtype = jnp.dtype(ctx.cfg.execution.compute_dtype.value)
+        return losses.fused_head_ce(h, w, targets, mask, compute_dtype=dtype, z_coef=z_coef)
+
+    def ce_z(h, targets, mask, w):
+        return losses.ce_and_z_sums(ctx.logits(h, w), targets, mask)
+
+    ce_sum, z_sum = ctx.chunked_sum(ce_z, (h, targets, mask), (w,))
+    obj = ce_sum + z_coef * z_sum if z_coef > 0 else ce_sum
+    return obj, ce_sum, z_sum
+
+
 def lm_loss(model, batch: dict, ctx):
     """(share of the LM objective, {"ce", "mtp", "z"} shares) of one microbatch."""
     cfg = ctx.cfg
@@ -60,24 +81,21 @@ def lm_loss(model, batch: dict, ctx):
     out = ctx.forward(model, batch)
     w = ctx.lm_head(model)
 
-    def ce_z(h, targets, mask, w):
-        return losses.ce_and_z_sums(ctx.logits(h, w), targets, mask)
-
     def distill(h, h_teacher, mask, w):
         return losses.self_distill_sum(ctx.logits(h, w), ctx.logits(h_teacher, w), mask)
 
-    ce_sum, z_sum = ctx.chunked_sum(ce_z, (out.normed, batch["targets"], batch["loss_mask"]),
-                                    (w,))
+    obj, ce_sum, z_sum = head_ce_sums(ctx, out.normed, batch["targets"], batch["loss_mask"], w,
+                                      tc.z_loss)
     ce = ce_sum / denom
-    total = ce
+    total = obj / denom          # CE (+ z_loss * Z): the differentiable share
     mtp = jnp.zeros((), jnp.float32)
     if out.mtp_normed is not None:
         sums = []
         for d in range(out.mtp_normed.shape[0]):
             mask = batch["mtp_mask"][:, d]
             if tc.mtp_loss == MTPLoss.SUPERVISED:
-                s, _ = ctx.chunked_sum(ce_z, (out.mtp_normed[d], batch["mtp_targets"][:, d], mask),
-                                       (w,))
+                s, _, _ = head_ce_sums(ctx, out.mtp_normed[d], batch["mtp_targets"][:, d], mask,
+                                       w, 0.0)
             else:   # depth d at i predicts token i+d+2, which the main head predicts at i+d+1
                 teacher = shift_left_original_order(out.normed, d + 1, ctx.cp)
                 s = ctx.chunked_sum(distill, (out.mtp_normed[d], teacher, mask), (w,))
@@ -86,10 +104,9 @@ def lm_loss(model, batch: dict, ctx):
         total = total + tc.mtp_lambda * mtp
     z = jnp.zeros((), jnp.float32)
     if tc.z_loss > 0:
-        z = z_sum / denom
-        total = total + tc.z_loss * z
-    if cfg.model.seq_aux_loss_coef > 0:
-        total = total + cfg.model.seq_aux_loss_coef * out.balance_loss
+        z = z_sum / denom        # already in `total` (head_ce_sums' objective)
+    if cfg.train.seq_aux_loss_coef > 0:
+        total = total + cfg.train.seq_aux_loss_coef * out.balance_loss
     return total, {"ce": ce, "mtp": mtp, "z": z}
 
 

@@ -42,7 +42,7 @@ class TrainResult:
 
     def model(self):
         """The trained model as one host-resident nnx module (weights gathered off the mesh, in
-        model.param_dtype)."""
+        execution.param_dtype)."""
         params, buffers = jax.device_get((self.state.params, self.state.buffers))
         return self.fns.merge(params, buffers)
 

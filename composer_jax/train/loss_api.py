@@ -18,8 +18,9 @@ context-parallel reordering, mesh placement, the non-finite guard, router-bias u
     loss_sum   a float32 scalar: this microbatch's additive share of the objective, i.e. its sums
                divided by the global denominators; summed over microbatches it is the full-batch
                objective, so microbatched gradients equal full-batch gradients.
-    aux_sums   a pytree of float32 arrays, summed over microbatches (e.g. per-term losses already
-               divided by their denominators, or raw sums).
+    aux_sums   a dict of float32 arrays, summed over microbatches (e.g. per-term losses already
+               divided by their denominators, or raw sums), except the keys named in the spec's
+               `max_aux`, which are max-reduced over microbatches (e.g. a largest ratio).
 
   denominators(batch) -> dict of arrays (computed once per step on the unsplit batch; reported)
   metrics(aux_totals, denominators) -> dict name -> scalar (the step adds loss, grad_norm,
@@ -86,7 +87,9 @@ class LossContext:
         """The model on `batch` without full-vocabulary logits (`out.normed` [B,T,D] and
         `out.mtp_normed` [Dm,B,T,D] feed the chunked LM-head helpers). Passes router replay
         (`router_replay` [Lm,B,T,K], `mtp_router_replay` [Dm,B,T,K]) when the batch has it. The
-        step reads the expert loads of every output for the router-bias update."""
+        step reads the expert loads of every output for the router-bias update. The sequence-wise
+        balance loss is computed when train.seq_aux_loss_coef > 0."""
+        kwargs.setdefault("balance_loss", self.cfg.train.seq_aux_loss_coef > 0)
         out = model(batch["tokens"], positions=batch["positions"],
                     segment_ids=batch["segment_ids"],
                     router_replay=batch.get("router_replay"),
@@ -102,7 +105,7 @@ class LossContext:
 
     def logits(self, h: jax.Array, w: jax.Array) -> jax.Array:
         """Normed hidden [B,t,D] @ head [D,V] in the compute dtype -> f32 logits [B,t,V]."""
-        dtype = jnp.dtype(self.cfg.model.compute_dtype.value)
+        dtype = jnp.dtype(self.cfg.execution.compute_dtype.value)
         return shard(lm_logits(h, w, dtype), ("batch", "seq", "act_vocab"))
 
     def n_chunks(self, b: int, t: int) -> int:
@@ -151,6 +154,7 @@ class LossSpec:
     metrics: Callable = _identity_metrics
     eval_metrics: Callable | None = None
     doc: str = ""
+    max_aux: tuple[str, ...] = ()    # aux keys max-reduced over microbatches (the rest are summed)
 
 
 _REGISTRY: dict[str, LossSpec] = {}

@@ -6,8 +6,11 @@ uses the global count of the whole batch, so microbatching gives the same gradie
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def cross_entropy_sum(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
@@ -120,3 +123,126 @@ def self_distill_sum(student_logits: jax.Array, teacher_logits: jax.Array,
     t = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits), axis=-1)
     s = jax.nn.log_softmax(student_logits, axis=-1)
     return jnp.sum(jnp.sum(jnp.exp(t) * (t - s), axis=-1) * mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused LM head + cross-entropy (vocabulary-tiled, gradients computed in the forward)
+# ---------------------------------------------------------------------------------------------
+
+# Elements of one [tokens, vocab tile] float32 logits tile (16 MiB): small enough to stay in a
+# CPU's cache hierarchy between the matmul that writes it and the reductions that read it.
+FUSED_TILE_ELEMENTS = 1 << 22
+
+
+def vocab_tile(vocab: int, tokens: int, budget: int = FUSED_TILE_ELEMENTS) -> int:
+    """The vocabulary tile of `fused_head_ce`: the largest divisor of `vocab` with
+    tokens * tile <= budget (at least the smallest divisor >= 128, or all of a small vocab)."""
+    cap = max(budget // max(tokens, 1), 128)
+    if vocab <= cap:
+        return vocab
+    divs = [d for d in range(1, cap + 1) if vocab % d == 0]
+    best = divs[-1]
+    if best >= 128:
+        return best
+    bigger = [d for d in range(cap + 1, vocab + 1) if vocab % d == 0]
+    return bigger[0]
+
+
+def _tile_logits(hc, w, j, tile, dtype):
+    """f32 logits [N, tile] of vocabulary tile j (w [D,V] sliced and cast per tile)."""
+    wj = jax.lax.dynamic_slice_in_dim(w, j * tile, tile, axis=1).astype(dtype)
+    return jnp.dot(hc, wj, preferred_element_type=jnp.float32), wj
+
+
+def _lse_and_picked(hc, w, targets, tile, dtype):
+    """Online logsumexp over vocabulary tiles and the target logit: ([N] f32, [N] f32)."""
+    n = hc.shape[0]
+    tiles = w.shape[1] // tile
+
+    def body(carry, j):
+        m, s, picked = carry
+        lg, _ = _tile_logits(hc, w, j, tile, dtype)
+        m_new = jnp.maximum(m, jnp.max(lg, axis=-1))
+        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(lg - m_new[:, None]), axis=-1)
+        local = targets - j * tile
+        inside = (local >= 0) & (local < tile)
+        got = jnp.take_along_axis(lg, jnp.clip(local, 0, tile - 1)[:, None], axis=-1)[:, 0]
+        return (m_new, s, jnp.where(inside, got, picked)), None
+
+    init = (jnp.full((n,), -jnp.inf, jnp.float32), jnp.zeros((n,), jnp.float32),
+            jnp.zeros((n,), jnp.float32))
+    (m, s, picked), _ = jax.lax.scan(body, init, jnp.arange(tiles))
+    return m + jnp.log(s), picked
+
+
+def _sums(lse, picked, mask):
+    return jnp.sum((lse - picked) * mask), jnp.sum(jnp.square(lse) * mask)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fused_head_ce(h, w, targets, mask, dtype, z_coef, tile):
+    lse, picked = _lse_and_picked(h.astype(dtype), w, targets, tile, dtype)
+    ce, z = _sums(lse, picked, mask)
+    return ce + z_coef * z, (ce, z)
+
+
+def _fused_fwd(h, w, targets, mask, dtype, z_coef, tile):
+    hc = h.astype(dtype)
+    lse, picked = _lse_and_picked(hc, w, targets, tile, dtype)
+    ce, z = _sums(lse, picked, mask)
+    # d objective / d logits = mask * (softmax * (1 + 2 z_coef lse) - onehot(target))
+    scale = (1.0 + 2.0 * z_coef * lse)[:, None]
+    n, d = hc.shape
+    # materialised [D, N]: XLA:CPU 0.12 has a fast BF16 x BF16 = F32 kernel for the plain layout,
+    # none for a transposed lhs folded into the dot (UNIMPLEMENTED in DotThunk)
+    hc_t = jax.lax.optimization_barrier(hc.T)
+
+    def body(carry, j):
+        dh, dw = carry
+        lg, wj = _tile_logits(hc, w, j, tile, dtype)
+        onehot = (jnp.arange(tile)[None, :] + j * tile) == targets[:, None]
+        dl = ((jnp.exp(lg - lse[:, None]) * scale - onehot) * mask[:, None]).astype(dtype)
+        dh = dh + jnp.dot(dl, wj.T, preferred_element_type=jnp.float32)
+        dwj = jnp.dot(hc_t, dl, preferred_element_type=jnp.float32)
+        return (dh, jax.lax.dynamic_update_slice_in_dim(dw, dwj, j * tile, axis=1)), None
+
+    init = (jnp.zeros((n, d), jnp.float32), jnp.zeros(w.shape, jnp.float32))
+    (dh, dw), _ = jax.lax.scan(body, init, jnp.arange(w.shape[1] // tile))
+    # dtypes travel as empty arrays (residuals must be arrays)
+    return (ce + z_coef * z, (ce, z)), (dh, dw, jnp.zeros((0,), h.dtype),
+                                        jnp.zeros((0,), w.dtype), targets, mask)
+
+
+def _fused_bwd(dtype, z_coef, tile, res, g):
+    dh, dw, h_like, w_like, targets, mask = res
+    g = g[0]       # the (ce, z) outputs are stop-gradient metrics (see fused_head_ce)
+    return ((g * dh).astype(h_like.dtype), (g * dw).astype(w_like.dtype),
+            np.zeros(targets.shape, jax.dtypes.float0), jnp.zeros_like(mask))
+
+
+_fused_head_ce.defvjp(_fused_fwd, _fused_bwd)
+
+
+def fused_head_ce(h: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array, *,
+                  compute_dtype, z_coef: float = 0.0, tile: int | None = None):
+    """(objective, ce_sum, z_sum) of the LM head h @ w, without [N, V] logits in memory.
+
+    h [..., D] normed hidden, w [D, V] head, targets/mask [...]; the matmuls run in
+    `compute_dtype` with float32 accumulation (as `lm_logits`). ce_sum = sum mask * CE, z_sum =
+    sum mask * logsumexp^2, objective = ce_sum + z_coef * z_sum (z_coef static). The vocabulary
+    runs in tiles of `tile` columns (default `vocab_tile`): the forward keeps an online
+    logsumexp; under differentiation the forward also computes d objective / d(h, w) tile by
+    tile (one recomputed logits tile, then its two gradient matmuls) and the backward only
+    scales them, so no [N, V] array, softmax or logits residual ever exists. Only `objective`
+    carries gradients; ce_sum and z_sum come out through stop_gradient. Equal to
+    `ce_and_z_sums(lm_logits(h, w))` up to float summation order.
+    """
+    d = h.shape[-1]
+    h2 = h.reshape(-1, d)
+    tile = tile or vocab_tile(w.shape[1], h2.shape[0])
+    if w.shape[1] % tile:
+        raise ValueError(f"fused_head_ce: tile {tile} does not divide the vocabulary {w.shape[1]}")
+    obj, (ce, z) = _fused_head_ce(h2, w, targets.reshape(-1).astype(jnp.int32),
+                                  mask.reshape(-1).astype(jnp.float32), jnp.dtype(compute_dtype),
+                                  float(z_coef), int(tile))
+    return obj, jax.lax.stop_gradient(ce), jax.lax.stop_gradient(z)

@@ -68,8 +68,12 @@ def cpu_theoretical_peak(lscpu_text: str | None = None) -> tuple[float, str]:
         mhz, src = (float(bogo) / 2, "BogoMIPS/2") if re.fullmatch(r"[0-9.]+", bogo) else (
             2000.0, "assumed 2 GHz")
     peak = cores * per_cycle * mhz * 1e6
+    amx = ""
+    if "amx_bf16" in flags:     # one AMX tile unit per core: 1024 bf16 FLOP/cycle (16x16x32 x2 / 16)
+        amx = (f"; AMX-BF16 present: bf16 peak {cores * 1024 * mhz / 1e6:.2f} TFLOP/s "
+               f"(cores x 1024 FLOP/cycle x clock)")
     return peak, (f"theoretical: {cores} cores x {per_cycle} f32 FLOP/cycle ({isa}, 2 FMA units) "
-                  f"x {mhz / 1000:.2f} GHz ({src})")
+                  f"x {mhz / 1000:.2f} GHz ({src}){amx}")
 
 
 def peak_flops_per_device() -> tuple[float, str]:

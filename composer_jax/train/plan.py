@@ -107,7 +107,7 @@ def sharded_step(cfg, mesh):
     from composer_jax.train.placement import abstract_batch
     from composer_jax.train.step import TrainState, build_fns
 
-    fns = build_fns(abstract_model(cfg.model), cfg, mesh)
+    fns = build_fns(abstract_model(cfg.model, cfg.execution), cfg, mesh)
     pl = fns.placement
     # the TrainState holds the parameters in the master dtype (train.master_dtype)
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, fns.master_dtype),
@@ -164,7 +164,7 @@ def compile_plan(cfg, dump_dir: str | None = None) -> dict:
         "mesh": pc.sizes, "rules": pc.rules.name, "num_devices": n_dev,
         "microbatches": cfg.train.microbatches,
         "optimizer": cfg.train.optimizer.value,
-        "master_dtype": cfg.train.master_dtype or cfg.model.param_dtype.value,
+        "master_dtype": cfg.train.master_dtype or cfg.execution.param_dtype.value,
         "per_device_bytes": {"params": p_bytes, "optimizer": o_bytes, "activations": temp,
                              "batch": b_bytes, "total": total},
         "memory_analysis": {k: int(getattr(mem, k)) for k in (

@@ -49,12 +49,12 @@ class StepFns:
     train_step: Callable
     eval_step: Callable
     placement: Placement | None = None
-    param_dtype: Any = jnp.float32      # the forward's parameter dtype (model.param_dtype)
+    param_dtype: Any = jnp.float32      # the forward's parameter dtype (execution.param_dtype)
     master_dtype: Any = jnp.float32     # the TrainState's parameter dtype (see `master_dtype`)
     loss: LossSpec | None = None
 
     def merge(self, params: dict, buffers: dict) -> Transformer:
-        """A model module holding `params` (cast from the master dtype to model.param_dtype)
+        """A model module holding `params` (cast from the master dtype to execution.param_dtype)
         and `buffers` (pure dicts)."""
         return merge_model(self.graphdef, self.abstract_params, self.abstract_buffers,
                            cast_params(params, self.param_dtype), buffers)
@@ -68,7 +68,7 @@ class StepFns:
         """A fresh TrainState (model initialised from `cfg.seed`), created by one jitted function
         directly in its shardings: no host ever holds the whole model. Equal to eager init."""
         def make():
-            _, p, b = nnx.split(init_model(cfg.model, cfg.seed), nnx.Param, ...)
+            _, p, b = nnx.split(fresh_model(cfg), nnx.Param, ...)
             return initial_state(nnx.to_pure_dict(p), nnx.to_pure_dict(b), self.tx,
                                  self.master_dtype)
         return self._jit_out(make, self.placement and self.placement.state)()
@@ -97,10 +97,16 @@ def merge_model(graphdef, abstract_params, abstract_buffers, params: dict, buffe
     return nnx.merge(graphdef, p, b)
 
 
+def fresh_model(cfg: Config) -> Transformer:
+    """The model of `cfg` initialised from `cfg.seed` (architecture `cfg.model`, computed as
+    `cfg.execution`, normal init std `cfg.train.init_std`)."""
+    return init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
+
+
 def master_dtype(cfg: Config) -> jnp.dtype:
     """dtype of the trained parameters in the TrainState: train.master_dtype, else
-    model.param_dtype (the forward always runs in model.param_dtype)."""
-    return jnp.dtype(cfg.train.master_dtype or cfg.model.param_dtype.value)
+    execution.param_dtype (the forward always runs in execution.param_dtype)."""
+    return jnp.dtype(cfg.train.master_dtype or cfg.execution.param_dtype.value)
 
 
 def cast_params(params: dict, dtype) -> dict:
@@ -155,6 +161,29 @@ def _split_micro(x: jax.Array, field, micro: int, pc) -> jax.Array:
     return x if pc is None else shard(x, (None,) + field.axes)
 
 
+def _accumulate_aux(acc: dict, new: dict, max_keys: tuple[str, ...]) -> dict:
+    """Microbatch accumulation of {"loss", "aux", "counts"}: the loss's aux keys in `max_keys`
+    take the maximum, everything else is summed."""
+    out = jax.tree.map(jnp.add, acc, new)
+    if max_keys:
+        out["aux"] = dict(out["aux"], **{k: jnp.maximum(acc["aux"][k], new["aux"][k])
+                                         for k in max_keys})
+    return out
+
+
+def _aux_identity(shapes: dict, max_keys: tuple[str, ...]) -> dict:
+    """The accumulator's start: zeros, and -inf for the max-reduced aux keys."""
+    acc = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    if max_keys:
+        missing = set(max_keys) - set(acc["aux"])
+        if missing:
+            raise ValueError(f"LossSpec.max_aux names {sorted(missing)}, which the loss's aux "
+                             f"does not return (it returns {sorted(acc['aux'])})")
+        acc["aux"] = dict(acc["aux"], **{k: jnp.full(shapes["aux"][k].shape, -jnp.inf,
+                                                     shapes["aux"][k].dtype) for k in max_keys})
+    return acc
+
+
 def make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg: Config, pc=None,
                   chunk_tokens: int = LOSS_CHUNK_TOKENS, loss: LossSpec | str | None = None):
     """The pure (un-jitted) `train_step(state, batch)` and `eval_step(state, batch)` of `loss`.
@@ -170,9 +199,9 @@ def make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg: Config, 
     spec = loss if isinstance(loss, LossSpec) else get_loss(loss or cfg.train.loss)
     schema = spec.schema
     micro = cfg.train.microbatches
-    rate = cfg.model.router_bias_update_rate
+    rate = cfg.train.router_bias_update_rate
     cp = pc.context_parallel if pc is not None else 1
-    param_dtype = jnp.dtype(cfg.model.param_dtype.value)
+    param_dtype = jnp.dtype(cfg.execution.param_dtype.value)
 
     def objective(p, b, mb, denoms, key=None):
         """(loss share, {"aux": aux shares, "counts": expert loads}) of one microbatch. p: the
@@ -199,18 +228,18 @@ def make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg: Config, 
 
         def accumulate(carry, xs):
             mb, key = xs
-            key = key if cfg.model.precision.value == "nvfp4" else None
+            key = key if cfg.execution.precision.value == "nvfp4" else None
             (loss, aux), g = grad_fn(state.params, state.buffers, mb, denoms, key)
             acc_g, acc = carry
             acc_g = jax.tree.map(jnp.add, acc_g, g)
-            acc = jax.tree.map(jnp.add, acc, {"loss": loss, **aux})
+            acc = _accumulate_aux(acc, {"loss": loss, **aux}, spec.max_aux)
             return (acc_g, acc), None
 
         zeros_g = jax.tree.map(jnp.zeros_like, state.params)
         _, aux_shape = jax.eval_shape(objective, state.params, state.buffers,
                                       jax.tree.map(lambda x: x[0], split), denoms)
-        zeros_acc = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                 {"loss": jax.ShapeDtypeStruct((), jnp.float32), **aux_shape})
+        zeros_acc = _aux_identity({"loss": jax.ShapeDtypeStruct((), jnp.float32), **aux_shape},
+                                  spec.max_aux)
         (grads, acc), _ = jax.lax.scan(accumulate, (zeros_g, zeros_acc), (split, mb_keys))
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(acc["loss"]) & jnp.isfinite(grad_norm)
@@ -261,6 +290,7 @@ def build_fns(model: Transformer, cfg: Config, mesh=None,
     ParallelContext (rules `cfg.mesh.rules`) with the state and batch shardings of `Placement`
     (the batch's from the loss's schema) as in/out shardings; the state argument is donated."""
     spec = loss if isinstance(loss, LossSpec) else get_loss(loss or cfg.train.loss)
+    check_execution(model, cfg)
     graphdef, params_state, buffer_state = nnx.split(model, nnx.Param, ...)
     axes, paths = _axes_and_paths(params_state)
     tx = make_optimizer(cfg.train, axes, paths)
@@ -289,8 +319,21 @@ def build_fns(model: Transformer, cfg: Config, mesh=None,
     return StepFns(graphdef=graphdef, abstract_params=abstract_params,
                    abstract_buffers=abstract_buffers, axes=axes, tx=tx, train_step=train_jit,
                    eval_step=eval_jit, placement=placement,
-                   param_dtype=jnp.dtype(cfg.model.param_dtype.value),
+                   param_dtype=jnp.dtype(cfg.execution.param_dtype.value),
                    master_dtype=master_dtype(cfg), loss=spec)
+
+
+def check_execution(model: Transformer, cfg: Config) -> None:
+    """Raises ConfigError unless `model` was built with `cfg.execution` (the step computes the
+    model as its own `execution` says, so the two must agree)."""
+    from composer_jax.errors import ConfigError
+    if model.execution != cfg.execution:
+        diff = {f.name: (getattr(model.execution, f.name), getattr(cfg.execution, f.name))
+                for f in dataclasses.fields(cfg.execution)
+                if getattr(model.execution, f.name) != getattr(cfg.execution, f.name)}
+        raise ConfigError(f"the model was built with another execution config than cfg.execution "
+                          f"(model vs cfg: {diff}); build it with init_model(cfg.model, seed, "
+                          f"cfg.execution) or abstract_model(cfg.model, cfg.execution)")
 
 
 def build(model: Transformer, cfg: Config, mesh=None,
@@ -317,7 +360,8 @@ def build_fresh(cfg: Config, mesh=None,
     then placed (`build`)."""
     total, _ = count_params(cfg.model)
     if (jax.process_count() == 1
-            and total * jnp.dtype(cfg.model.param_dtype.value).itemsize <= EAGER_INIT_MAX_BYTES):
-        return build(init_model(cfg.model, cfg.seed), cfg, mesh, loss)
-    fns = build_fns(abstract_model(cfg.model), cfg, mesh, loss)
+            and total * jnp.dtype(cfg.execution.param_dtype.value).itemsize
+            <= EAGER_INIT_MAX_BYTES):
+        return build(fresh_model(cfg), cfg, mesh, loss)
+    fns = build_fns(abstract_model(cfg.model, cfg.execution), cfg, mesh, loss)
     return fns, fns.init_state(cfg)

@@ -21,26 +21,28 @@ from composer_jax.errors import CheckpointError, ComposerError
 
 @dataclasses.dataclass
 class Weights:
-    """kind: "fresh" | "run" | "hf"; model_cfg: the architecture the weights belong to; params /
-    buffers: pure dicts (parameters in the dtype they were stored in); step: the checkpoint's
-    step (runs only); tokenizer_path: the run's tokenizer.json when it has one."""
+    """kind: "fresh" | "run" | "hf"; model_cfg: the architecture the weights belong to;
+    execution: how the consumer computes them (its `cfg.execution`); params / buffers: pure dicts
+    (parameters in the dtype they were stored in); step: the checkpoint's step (runs only);
+    tokenizer_path: the run's tokenizer.json when it has one."""
     kind: str
     model_cfg: Any
+    execution: Any
     params: dict
     buffers: dict
     step: int | None = None
     tokenizer_path: pathlib.Path | None = None
 
     def model(self, dtype=None):
-        """The weights as an nnx Transformer (parameters cast to `dtype`, default the config's
-        param_dtype)."""
+        """The weights as an nnx Transformer computed as `execution` (parameters cast to
+        `dtype`, default execution.param_dtype)."""
         import jax.numpy as jnp
         from flax import nnx
 
         from composer_jax.model import abstract_model
         from composer_jax.train.step import cast_params, merge_model
-        graphdef, p, b = nnx.split(abstract_model(self.model_cfg), nnx.Param, ...)
-        dtype = jnp.dtype(dtype or self.model_cfg.param_dtype.value)
+        graphdef, p, b = nnx.split(abstract_model(self.model_cfg, self.execution), nnx.Param, ...)
+        dtype = jnp.dtype(dtype or self.execution.param_dtype.value)
         return merge_model(graphdef, p, b, cast_params(self.params, dtype), self.buffers)
 
 
@@ -61,10 +63,13 @@ def source_kind(source: str) -> str:
 
 def run_config(run_dir: pathlib.Path, cfg):
     """`cfg` with the model section and seed of the config a training run wrote to its workdir
-    (only those: the weights' architecture; other sections may have changed since)."""
-    from composer_jax.config import ModelConfig, from_dict
+    (only those: the weights' architecture; execution and other sections stay the consumer's).
+    A config.json in the layout before the execution section is read too (its execution fields
+    are left out: `composer_jax.config.split_legacy_model`)."""
+    from composer_jax.config import ModelConfig, from_dict, split_legacy_model
     raw = json.loads((pathlib.Path(run_dir) / "config.json").read_text())
-    return dataclasses.replace(cfg, model=from_dict(ModelConfig, raw["model"]),
+    arch, _ = split_legacy_model(raw["model"])
+    return dataclasses.replace(cfg, model=from_dict(ModelConfig, arch),
                                seed=raw.get("seed", cfg.seed))
 
 
@@ -80,23 +85,23 @@ def load_weights(source: str, cfg, template=None) -> Weights:
     if kind == "fresh":
         from flax import nnx
 
-        from composer_jax.model import init_model
-        _, p, b = nnx.split(init_model(cfg.model, cfg.seed), nnx.Param, ...)
-        return Weights("fresh", cfg.model, nnx.to_pure_dict(p), nnx.to_pure_dict(b))
+        from composer_jax.train.step import fresh_model
+        _, p, b = nnx.split(fresh_model(cfg), nnx.Param, ...)
+        return Weights("fresh", cfg.model, cfg.execution, nnx.to_pure_dict(p),
+                       nnx.to_pure_dict(b))
     if kind == "hf":
         from flax import nnx
 
         from composer_jax.model.hf import load_hf
-        hf_cfg, model = load_hf(source, dtype=cfg.model.param_dtype.value)
+        hf_cfg, model = load_hf(source, execution=cfg.execution)
         _, p, b = nnx.split(model, nnx.Param, ...)
-        return Weights("hf", hf_cfg, nnx.to_pure_dict(p), nnx.to_pure_dict(b))
+        return Weights("hf", hf_cfg, cfg.execution, nnx.to_pure_dict(p), nnx.to_pure_dict(b))
     from composer_jax.train.checkpoint import Checkpointer
     run_dir = pathlib.Path(source)
     rcfg = run_config(run_dir, cfg) if (run_dir / "config.json").exists() else cfg
     if template is None:
-        from composer_jax.model import init_model
-        from composer_jax.train.step import build
-        _, template = build(init_model(rcfg.model, rcfg.seed), rcfg)
+        from composer_jax.train.step import build, fresh_model
+        _, template = build(fresh_model(rcfg), rcfg)
     ckpt = Checkpointer(run_dir / "checkpoints", rcfg, 1, 1)
     try:
         found = ckpt.restore_latest(template, check_config=False)
@@ -105,5 +110,5 @@ def load_weights(source: str, cfg, template=None) -> Weights:
     if found is None:
         raise CheckpointError(f"{run_dir / 'checkpoints'} holds no checkpoint")
     tok = run_dir / "tokenizer.json"
-    return Weights("run", rcfg.model, found[0].params, found[0].buffers, found[2],
-                   tok if tok.exists() else None)
+    return Weights("run", rcfg.model, rcfg.execution, found[0].params, found[0].buffers,
+                   found[2], tok if tok.exists() else None)

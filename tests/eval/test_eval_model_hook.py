@@ -31,6 +31,8 @@ def test_eval_resolved_rate_on_a_random_model(tmp_path):
     cfg = dataclasses.replace(Config(), eval=EvalConfig(max_new_tokens=8, max_turns=2,
                                                         max_context=n_prompt + 64, concurrency=1))
     out = eval_resolved_rate(model, tok, cfg, num_tasks=1, suite=suite)
+    # the RL trainer calls it again and again in one process: same (greedy) answer each time
+    assert eval_resolved_rate(model, tok, cfg, num_tasks=1, suite=suite) == out
     assert out["eval_resolved_rate"] == 0.0 and out["eval_tasks"] == 1
     assert out["eval_suite_id"] == suite.suite_id
     assert 1 <= out["eval_generated_tokens"] <= 2 * 8 and out["eval_price"] > 0

@@ -1,9 +1,11 @@
 """The versioned suite: selection by category and size, manifest hashes, prompts."""
 import dataclasses
+import os
 import statistics
 
 import pytest
 
+from composer_jax.env.sandbox import bwrap_works
 from composer_jax.eval.prompts import detailed_prompt, terse_prompt
 from composer_jax.eval.suite import SuiteError, build_suite, load_suite, select_tasks
 from eval_helpers import make_pool, make_task
@@ -68,3 +70,38 @@ def test_prompts_terse_hides_tests_and_files_detailed_lists_them():
     assert "colorsys" in terse and len(terse) < 120
     assert "colorsys.py" in detailed and "test_colorsys.TestMini.test_count_none" in detailed
     assert "python -m unittest test_colorsys" in detailed
+
+
+@pytest.mark.skipif(not bwrap_works(), reason="bubblewrap is not usable here")
+def test_the_oracle_check_excludes_a_task_its_reference_does_not_resolve(tmp_path):
+    from composer_jax.config import Config
+    from composer_jax.eval.api import oracle_check
+    from eval_helpers import BUGGY
+
+    good = make_task("bug-3.12-mini-001", lines=4)
+    broken, before, _ = make_task("bug-3.12-mini-002", lines=9)   # preferred: more lines
+    make_pool(tmp_path / "pool", [good, (broken, before, {"colorsys.py": BUGGY})])
+    m = build_suite(tmp_path / "pool", tmp_path / "suite", name="t", size=1, min_median_lines=1,
+                    verify=oracle_check(Config()))
+    assert [e["task_id"] for e in m["tasks"]] == ["bug-3.12-mini-001"] and m["verified"]
+    assert list(m["excluded"]) == ["bug-3.12-mini-002"]
+    assert "fail-to-pass 0/2" in m["excluded"]["bug-3.12-mini-002"]
+    unchecked = build_suite(tmp_path / "pool", tmp_path / "s2", name="t", size=1, min_median_lines=1)
+    assert [e["task_id"] for e in unchecked["tasks"]] == ["bug-3.12-mini-002"]
+
+
+def test_ensure_suite_reuses_the_loaded_suite_until_it_is_rebuilt(tmp_path):
+    from composer_jax.config import Config, EvalConfig
+    from composer_jax.eval.api import ensure_suite
+
+    make_pool(tmp_path / "pool", [make_task("bug-3.12-mini-001")])
+    build_suite(tmp_path / "pool", tmp_path / "suite", name="t", size=1, min_median_lines=1)
+    cfg = dataclasses.replace(Config(), eval=EvalConfig(suite_dir=str(tmp_path / "suite")))
+    first = ensure_suite(cfg, progress=False)
+    assert ensure_suite(cfg, progress=False) is first
+    manifest = tmp_path / "suite" / "manifest.json"
+    build_suite(tmp_path / "pool", tmp_path / "suite", name="t", size=1, min_median_lines=1)
+    st = manifest.stat()
+    os.utime(manifest, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    again = ensure_suite(cfg, progress=False)
+    assert again is not first and again.suite_id == first.suite_id

@@ -23,12 +23,12 @@ def leaf_name(path) -> str:
     return [str(p.key) for p in path if hasattr(p, "key")][-1]
 
 
-def init_model(model_cfg, seed=0, std=None):
+def init_model(model_cfg, seed=0, std=0.02, execution=None):
     """A random model built with numpy (eager jax init costs ~13 s on this CPU): normal(0, std)
-    weights (default the config's init_std), RMSNorm weights one, router biases zero."""
+    weights (default train.init_std's default), RMSNorm weights one, router biases zero;
+    computed as `execution` (default ExecutionConfig())."""
     rng = np.random.default_rng(seed)
-    graphdef, abstract = nnx.split(abstract_model(model_cfg))
-    std = model_cfg.init_std if std is None else std
+    graphdef, abstract = nnx.split(abstract_model(model_cfg, execution))
 
     def leaf(path, x):
         name = leaf_name(path)

@@ -37,7 +37,7 @@ def test_absorbed_equals_naive(model):
 
 def test_cache_is_576_values_per_token_per_layer():
     cfg = kimi_k2_5()
-    assert cache_bytes_per_token(cfg) == cfg.num_layers * 576 * 2
+    assert cache_bytes_per_token(cfg, dtype="bfloat16") == cfg.num_layers * 576 * 2
 
 
 def test_cached_prefill_and_decode_match_full_forward(model, split):
@@ -71,9 +71,11 @@ def test_cached_prefill_and_decode_match_full_forward(model, split):
 def _mixed_precision_model(quant_bf16_last_blocks=1):
     import dataclasses
     from inference_testlib import init_model, tiny2
-    cfg = dataclasses.replace(tiny2(), num_layers=3, precision="mxfp8",
-                              quant_bf16_last_blocks=quant_bf16_last_blocks)
-    return cfg, init_model(cfg, seed=0, std=0.1)
+
+    from composer_jax.config import ExecutionConfig
+    cfg = dataclasses.replace(tiny2(), num_layers=3)
+    execution = ExecutionConfig(precision="mxfp8", quant_bf16_last_blocks=quant_bf16_last_blocks)
+    return cfg, init_model(cfg, seed=0, std=0.1, execution=execution)
 
 
 def test_cached_forward_and_mtp_use_training_precision_under_mixed_precision():

@@ -60,6 +60,11 @@ def test_config_json_round_trip():
     ("model=huge", "preset name"),
     ("model.num_experts_per_tok=100", "num_experts_per_tok"),
     ("train.lr", "key.path=value"),
+    ("model.remat=full", "'model.remat' has moved to 'execution.remat'"),
+    ("model.precision=mxfp8", "moved to 'execution.precision'"),
+    ("model.seq_aux_loss_coef=0.1", "moved to 'train.seq_aux_loss_coef'"),
+    ("execution.quant_bf16_last_blocks=3", "quant_bf16_last_blocks must be in"),
+    ("execution.remat=everything", "expected one of"),
 ])
 def test_override_errors(override, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -90,6 +95,31 @@ def test_cli_list_and_dry_run(tmp_path):
     assert set(dry["per_device_bytes"]) >= {"params", "optimizer", "activations", "total"}
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["model"]["name"] == "kimi_k2_5"
+
+
+def test_execution_section_and_legacy_layout_migration(tmp_path):
+    """`execution` is its own section (--set, presets); a config.json or checkpoint meta in the
+    layout before it (model.remat, model.param_dtype, model.init_std, ...) still loads."""
+    from composer_jax.api import load_config
+    from composer_jax.config import MOVED_MODEL_KEYS
+    from composer_jax.train.checkpoint import saved_model_config
+    from composer_jax.train.weights import run_config
+    cfg = apply_overrides(Config(), ["model=small", "execution=bf16", "execution.remat=full",
+                                     "execution.attention_kv_block=64", "train.init_std=0.01",
+                                     "train.router_bias_update_rate=0.002"], SECTION_PRESETS)
+    assert (cfg.execution.param_dtype.value, cfg.execution.remat.value) == ("bfloat16", "full")
+    assert "remat" not in to_dict(cfg.model)
+    # the old layout: execution fields and three training coefficients inside "model"
+    old = to_dict(cfg)
+    old["model"].update(old.pop("execution"))
+    for k in ("router_bias_update_rate", "seq_aux_loss_coef", "init_std"):
+        old["model"][k] = old["train"].pop(k)
+    assert set(old["model"]) >= set(MOVED_MODEL_KEYS)
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert load_config(tmp_path / "config.json") == cfg
+    assert saved_model_config(old["model"]) == cfg.model          # a checkpoint's meta
+    assert run_config(tmp_path, Config()).model == cfg.model
+    assert saved_model_config(dict(old["model"], hidden_size=32)) != cfg.model
 
 
 def test_overrides_validate_once_at_the_end():

@@ -6,16 +6,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from composer_jax.config import Config, TrainConfig, tiny
+from composer_jax.config import Config, ExecutionConfig, TrainConfig, tiny
 from composer_jax.data.config import DataConfig
 from composer_jax.model import init_model
 from composer_jax.train.step import build
 
 
-def _cfg(precision, **kw):
+def _cfg():
     # widths that are multiples of the 32-element MXFP8 blocks
     return dataclasses.replace(tiny(), hidden_size=64, moe_intermediate_size=32,
-                               dense_intermediate_size=128, precision=precision, **kw)
+                               dense_intermediate_size=128)
+
+
+def _model(precision, **kw):
+    return init_model(_cfg(), 0, ExecutionConfig(precision=precision, **kw))
 
 
 def _batch(b=4, t=16, v=256):
@@ -33,26 +37,27 @@ def _batch(b=4, t=16, v=256):
 @pytest.mark.parametrize("precision, bound", [("mxfp8", 0.08), ("nvfp4", 0.3)])
 def test_quantized_forward_close_to_bf16(precision, bound):
     tokens = jnp.asarray(_batch()["tokens"])
-    ref = init_model(_cfg("bf16"))(tokens).logits
-    got = init_model(_cfg(precision))(tokens).logits
+    ref = _model("bf16")(tokens).logits
+    got = _model(precision)(tokens).logits
     rel = float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref))
     assert 0 < rel < bound, rel
 
 
 def test_last_blocks_stay_bf16():
     tokens = jnp.asarray(_batch()["tokens"])
-    ref = init_model(_cfg("bf16"))(tokens, with_mtp=False).logits
-    all_bf16 = init_model(_cfg("mxfp8", quant_bf16_last_blocks=2))(tokens, with_mtp=False).logits
+    ref = _model("bf16")(tokens, with_mtp=False).logits
+    all_bf16 = _model("mxfp8", quant_bf16_last_blocks=2)(tokens, with_mtp=False).logits
     np.testing.assert_allclose(all_bf16, ref, atol=1e-6)   # 2 of 2 blocks kept in BF16
-    one = init_model(_cfg("mxfp8", quant_bf16_last_blocks=1))(tokens, with_mtp=False).logits
+    one = _model("mxfp8", quant_bf16_last_blocks=1)(tokens, with_mtp=False).logits
     assert float(jnp.max(jnp.abs(one - ref))) > 1e-5
 
 
 @pytest.mark.parametrize("precision", ["mxfp8", "nvfp4"])
 def test_trains_a_few_steps(precision):
-    cfg = Config(model=_cfg(precision), train=TrainConfig(steps=20, warmup_steps=0, lr=3e-3),
+    cfg = Config(model=_cfg(), execution=ExecutionConfig(precision=precision),
+                 train=TrainConfig(steps=20, warmup_steps=0, lr=3e-3),
                  data=DataConfig(global_batch_size=4, vocab_size=512))
-    fns, state = build(init_model(cfg.model), cfg)
+    fns, state = build(_model(precision), cfg)
     b = _batch()
     losses = []
     for _ in range(6):

@@ -14,8 +14,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import dataclasses  # noqa: E402
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -152,16 +150,18 @@ def check_step(mc):
     """The training step itself (composer_jax.train.step) on the mesh vs one device: token-chunked
     LM-head losses, MTP self-distillation shifted across context shards, 2 microbatches, blocked
     (flash) attention over the all-gathered latent, one AdamW update."""
-    from composer_jax.config import Config, MTPLoss, Optimizer, TrainConfig
+    from composer_jax.config import Config, ExecutionConfig, MTPLoss, Optimizer, TrainConfig
     from composer_jax.data.config import DataConfig
     from composer_jax.train.optimizers import make_optimizer
     from composer_jax.train.step import TrainState, _axes_and_paths, make_step_fns
 
-    model_cfg = dataclasses.replace(tiny(), attention_kv_block=4, remat="full")
-    cfg = Config(model=model_cfg, data=DataConfig(global_batch_size=8, seq_len=16, vocab_size=512),
+    model_cfg = tiny()
+    execution = ExecutionConfig(attention_kv_block=4, remat="full")
+    cfg = Config(model=model_cfg, execution=execution,
+                 data=DataConfig(global_batch_size=8, seq_len=16, vocab_size=512),
                  train=TrainConfig(steps=10, warmup_steps=0, microbatches=2, z_loss=1e-3,
                                    mtp_loss=MTPLoss.SELF_DISTILL, optimizer=Optimizer.ADAMW))
-    graphdef, ps, bs = nnx.split(init_model(model_cfg), nnx.Param, ...)
+    graphdef, ps, bs = nnx.split(init_model(model_cfg, 0, execution), nnx.Param, ...)
     axes, paths = _axes_and_paths(ps)
     tx = make_optimizer(cfg.train, axes, paths)
     params, buffers = nnx.to_pure_dict(ps), nnx.to_pure_dict(bs)

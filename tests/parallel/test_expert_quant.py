@@ -81,15 +81,15 @@ def run_case(name, fmt):
     import jax.numpy as jnp
     import numpy as np
 
-    from composer_jax.config import MeshConfig, tiny
+    from composer_jax.config import ExecutionConfig, MeshConfig, tiny
     from composer_jax.model.layers import Ctx
     from composer_jax.model.moe import dispatch_ragged, expert_parallel_codec, expert_parallel_matmul
     from composer_jax.parallel import context_from_config, make_mesh
     from composer_jax.parallel.expert import dispatch_expert_parallel
 
     mesh_kw, f, routing, with_key = CASES[name]
-    cfg = dataclasses.replace(tiny(), precision=fmt, moe_intermediate_size=f)
-    ctx = Ctx(cfg, key=jax.random.PRNGKey(7) if with_key else None)
+    cfg = dataclasses.replace(tiny(), moe_intermediate_size=f)
+    ctx = Ctx(cfg, ExecutionConfig(precision=fmt), key=jax.random.PRNGKey(7) if with_key else None)
     rng = np.random.default_rng(3)
     d, e, k = cfg.hidden_size, cfg.num_routed_experts, 2
     x = jnp.asarray(rng.normal(size=(B, T, d)), jnp.float32)
@@ -108,7 +108,7 @@ def run_case(name, fmt):
 
     _, ref_g = value_and_grads(single)(*args)
     ref_y = jax.jit(single)(*args)
-    _, exact_g = value_and_grads(lambda *a: single(*a, ctx=Ctx(dataclasses.replace(cfg, precision="bf16"))))(*args)
+    _, exact_g = value_and_grads(lambda *a: single(*a, ctx=Ctx(cfg)))(*args)   # bf16 recipe
     mc = MeshConfig(**mesh_kw)
     pc = context_from_config(make_mesh(mc), mc)
 
@@ -134,20 +134,18 @@ def run_case(name, fmt):
 
 def run_model_case(fmt):
     """The whole tiny model (ep_fsdp, fsdp=2 x expert=4) vs one device: logits, loss, gradients."""
-    import dataclasses
-
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    from composer_jax.config import MeshConfig, tiny
+    from composer_jax.config import ExecutionConfig, MeshConfig, tiny
     from composer_jax.model import init_model
     from composer_jax.parallel import context_from_config, make_mesh
     import sharded_api as api
     from sharded_cases import packed_batch
 
-    cfg = dataclasses.replace(tiny(), precision=fmt)
-    graphdef, params = nnx.split(init_model(cfg))
+    cfg = tiny()
+    graphdef, params = nnx.split(init_model(cfg, 0, ExecutionConfig(precision=fmt)))
     batch = packed_batch(cfg)
     mc = MeshConfig(fsdp=2, expert=4, rules="ep_fsdp")
     pc = context_from_config(make_mesh(mc), mc)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from composer_jax.config import Config, TrainConfig, tiny
+from composer_jax.config import Config, TrainConfig, bf16, tiny
 from composer_jax.data.config import DataConfig
 from composer_jax.errors import ConfigError
 from composer_jax.model import init_model
@@ -28,7 +28,8 @@ def _pg_loss(model, batch, ctx):
     ratio = jnp.exp(logp - batch["behaviour_logp"])
     share = -jnp.sum(ratio * batch["advantages"][:, None] * mask) / ctx.denominators["norm"]
     match = jnp.sum((out.router_indices == batch["router_replay"]).astype(jnp.float32))
-    return share, {"pg": share, "logp": jnp.sum(logp * mask), "match": match}
+    return share, {"pg": share, "logp": jnp.sum(logp * mask), "match": match,
+                   "adv_max": jnp.max(batch["advantages"])}
 
 
 PG = register_loss(LossSpec(
@@ -36,7 +37,8 @@ PG = register_loss(LossSpec(
     denominators=lambda b: {"norm": jnp.asarray(64.0, jnp.float32),
                             "tokens": jnp.maximum(b["loss_mask"].sum(), 1.0)},
     metrics=lambda aux, d: {"pg": aux["pg"], "mean_logp": aux["logp"] / d["tokens"],
-                            "replay_match": aux["match"]}))
+                            "replay_match": aux["match"], "adv_max": aux["adv_max"]},
+    max_aux=("adv_max",)))
 
 
 def _cfg(micro=1):
@@ -81,6 +83,33 @@ def test_custom_loss_by_name_replays_routes_and_microbatches_exactly():
     assert float(m1["grad_norm"]) > 0 and np.isfinite(float(m1["loss"]))
     # ratio = exp(logp + 6), so loss = -sum(ratio * A * mask) / 64 (never a constant)
     assert abs(float(m1["loss"])) > 1e-3
+    # a max_aux key is max-reduced over microbatches (a sum of the two halves' maxima differs)
+    adv = b["advantages"]
+    assert float(m1["adv_max"]) == float(m2["adv_max"]) == float(adv.max())
+    assert float(adv[:2].max() + adv[2:].max()) != float(adv.max())
+
+
+def test_rl_policy_loss_max_reduces_is_weight_max():
+    """The RL loss declares is_weight_max max-reduced (LossSpec.max_aux) and reports the
+    accumulated value as is (no division by the number of microbatches)."""
+    from composer_jax.rl.step import RL_POLICY_LOSS
+    from composer_jax.train.step import _accumulate_aux, _aux_identity
+    assert RL_POLICY_LOSS.max_aux == ("is_weight_max",)
+    keys = ("tokens", "is_weight_sum", "is_weight_max", "is_truncated", "clipped",
+            "mismatch_abs_sum", "mismatch_k3_sum", "entropy_sum")
+    shapes = {"loss": jax.ShapeDtypeStruct((), jnp.float32),
+              "aux": {k: jax.ShapeDtypeStruct((), jnp.float32) for k in keys}, "counts": None}
+    acc = _aux_identity(shapes, RL_POLICY_LOSS.max_aux)
+    for mb_max, mb_sum in ((1.5, 2.0), (3.25, 1.0), (0.5, 4.0)):   # three microbatches
+        aux = {k: jnp.float32(mb_sum) for k in keys}
+        aux["is_weight_max"] = jnp.float32(mb_max)
+        acc = _accumulate_aux(acc, {"loss": jnp.float32(0.0), "aux": aux, "counts": None},
+                              RL_POLICY_LOSS.max_aux)
+    assert float(acc["aux"]["is_weight_max"]) == 3.25
+    assert float(acc["aux"]["is_weight_sum"]) == 7.0
+    denoms = {"tokens": jnp.float32(7.0), "reward_mean": 0.0, "resolved_rate": 0.0,
+              "advantage_abs_mean": 0.0}
+    assert float(RL_POLICY_LOSS.metrics(acc["aux"], denoms)["is_weight_max"]) == 3.25
 
 
 def test_undeclared_or_misshapen_fields_are_named():
@@ -103,16 +132,17 @@ def test_master_fp32_keeps_updates_of_1e7_relative_size():
     """An update of 1e-7 x |w| survives in the fp32 master copy and rounds away in bf16 params,
     while the forward runs in bf16 either way (the two steps' losses are bitwise equal)."""
     import optax
-    model_cfg = dataclasses.replace(tiny(), param_dtype="bfloat16", compute_dtype="bfloat16")
+    model_cfg = tiny()
     shrink = optax.GradientTransformation(
         lambda p: optax.EmptyState(),
         lambda g, s, p: (jax.tree.map(lambda w: (-1e-7 * w.astype(jnp.float32)), p), s))
     results = {}
     for master in ("", "float32"):
-        cfg = Config(model=model_cfg, data=DataConfig(global_batch_size=4, vocab_size=512),
+        cfg = Config(model=model_cfg, execution=bf16(),
+                     data=DataConfig(global_batch_size=4, vocab_size=512),
                      train=TrainConfig(steps=10, warmup_steps=0, master_dtype=master,
                                        microbatches=2))
-        fns, state = build(init_model(model_cfg), cfg)
+        fns, state = build(init_model(model_cfg, 0, cfg.execution), cfg)
         step, _ = make_step_fns(fns.graphdef, fns.abstract_params, fns.abstract_buffers, shrink,
                                 cfg)
         state = initial_state(state.params, state.buffers, shrink, fns.master_dtype)

@@ -90,7 +90,7 @@ def test_router_bias_moves_and_is_not_an_optimizer_parameter():
     after = np.asarray(state.buffers["moe_layers"]["ffn"]["bias"])
     # each bias moves by exactly +-rate (or 0 for an expert exactly at the mean load)
     step = np.abs(after - before)
-    assert np.all(np.isclose(step, cfg.model.router_bias_update_rate) | (step == 0))
+    assert np.all(np.isclose(step, cfg.train.router_bias_update_rate) | (step == 0))
     assert np.any(step > 0)
     assert float(m["expert_load_max_over_mean"]) >= 1.0
 
@@ -146,8 +146,8 @@ def test_checkpoint_from_another_config_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="different model config"):
         train(other, tmp_path)
     # execution choices do not change what the weights mean: a resume may change them
-    remat = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full",
-                                                               attention_kv_block=16))
+    remat = dataclasses.replace(cfg, execution=dataclasses.replace(cfg.execution, remat="full",
+                                                                   attention_kv_block=16))
     assert int(train(remat, tmp_path).state.step) == 2
 
 
