@@ -143,9 +143,6 @@ class CodingPolicy(ParityPolicy):
     """The engine as a policy server for multi-turn sessions: rpc "submit" (feed ids to a session,
     sample a turn) -> request id, "wait" -> completion fields, "end_session"."""
 
-    def __init__(self, cfg, model):
-        super().__init__(cfg, model)
-
     def rpc(self, method: str, args: tuple, kwargs: dict):
         if method == "submit":
             ids, params, session = args

@@ -157,7 +157,7 @@ class RLStepFns:
     ref: tuple | None = None
 
     def merge(self, params: dict, buffers: dict):
-        """A model module holding `params` (cast to model.param_dtype) and `buffers`, e.g. to
+        """A model module holding `params` (cast to execution.param_dtype) and `buffers`, e.g. to
         hand to the inference engine."""
         return self.fns.merge(params, buffers)
 

@@ -66,9 +66,9 @@ def test_coding_rl_runs_sandboxed_episodes_and_the_checkpoint_evaluator(tmp_path
     seen = {}
 
     def eval_fn(model, version):              # the eval suite's runner stands here
+        import jax
         from flax import nnx
-        leaves = [np.asarray(x, np.float64) for x in
-                  __import__("jax").tree.leaves(nnx.state(model, nnx.Param))]
+        leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
         seen[version] = sum(float(np.abs(x).sum()) for x in leaves)
         return {"eval_resolved_rate": 0.0, "eval_tasks": 1, "eval_suite_id": "fake"}
 
