@@ -20,7 +20,7 @@ import time
 from composer_jax.env.config import TASK_KINDS, Split
 from composer_jax.eval.runner import RunSettings, run_suite
 from composer_jax.eval.sources import suite_builder_hash, task_generator_hash
-from composer_jax.eval.suite import Suite, build_suite, load_suite
+from composer_jax.eval.suite import Suite, build_suite, load_suite, oracle_check
 from composer_jax.heldout import HELDOUT_MODULES
 
 
@@ -88,27 +88,9 @@ def _build_and_load(cfg, sdir: pathlib.Path, progress: bool) -> Suite:
         if len(TaskPool(pdir)) < cfg.eval.pool_tasks:
             generate_pool(eval_env_config(cfg), pdir, progress=progress)
         build_suite(pdir, sdir, name=cfg.eval.suite_name, size=cfg.eval.suite_size,
-                    min_median_lines=cfg.eval.min_median_lines, verify=oracle_check(cfg))
+                    min_median_lines=cfg.eval.min_median_lines,
+                    verify=oracle_check(eval_env_config(cfg)))
     return load_suite(sdir)
-
-
-def oracle_check(cfg):
-    """The suite's soundness check: the oracle replays the reference fix through the real tools
-    in an evaluation episode; a task it does not resolve under the grader is rejected (the
-    returned text says how it failed)."""
-    from composer_jax.env.agents import OracleAgent
-    from composer_jax.env.episode import run_episode
-    env_cfg = eval_env_config(cfg)
-
-    def check(task, task_dir) -> str | None:
-        ep = run_episode(OracleAgent(task, task_dir), task, task_dir, env_cfg)
-        g = ep.grade
-        if g.resolved:
-            return None
-        return (f"the oracle's replay of the reference fix is not resolved by the grader "
-                f"(fail-to-pass {g.f2p_passed}/{g.f2p_total}, pass-to-pass {g.p2p_passed}/"
-                f"{g.p2p_total}, stop {ep.stop_reason}, tampered {g.tampered})")
-    return check
 
 
 def settings(cfg, **over) -> RunSettings:

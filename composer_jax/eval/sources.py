@@ -111,7 +111,8 @@ def task_generator_hash() -> str:
 
 
 def suite_builder_hash() -> str:
-    """`sources_hash` of the suite builder (`eval/suite.py`, `eval/prompts.py` and what they use):
-    part of the suite's cache directory name, so a changed selection or prompt rebuilds it."""
+    """`sources_hash` of the suite builder (`eval/suite.py` with its soundness check,
+    `eval/prompts.py`, and what they use): part of the suite's cache directory name, so a changed
+    selection, check or prompt rebuilds it."""
     root = pathlib.Path(__file__).resolve().parents[1]
     return sources_hash(root, [root / "eval" / "suite.py", root / "eval" / "prompts.py"])

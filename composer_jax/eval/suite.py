@@ -19,8 +19,8 @@ debugging (kinds bug, multi_bug), feature (feature, large_feature), refactoring 
 migration (migration). Selection (`select_tasks`) spreads the suite over the categories present and
 over modules, prefers larger changes, then swaps small tasks for large ones until the suite's
 median changed lines reaches `min_median_lines` (or says why it cannot). With a `verify` check
-(`eval.api` passes one that replays the reference fix with the oracle through the real tools and
-grader), tasks that fail it are excluded and listed in the manifest.
+(`oracle_check`, which `eval.api` passes: the oracle replays the reference fix through the real
+tools and grader), tasks that fail it are excluded and listed in the manifest.
 """
 from __future__ import annotations
 
@@ -218,6 +218,32 @@ def build_suite(pool_dir: pathlib.Path, suite_dir: pathlib.Path, *, name: str, s
         shutil.rmtree(suite_dir)
     tmp.rename(suite_dir)
     return manifest
+
+
+ORACLE_CHECK_MAX_TURNS = 1000
+
+
+def oracle_check(env_cfg):
+    """The suite's soundness check for `build_suite(verify=...)`: the oracle replays the reference
+    fix through the real tools in an episode with the environment settings `env_cfg` (its turn,
+    token and time limits raised so the replay is never cut: the suite is cached by pool and
+    builder only, so what it keeps must not depend on a run's eval limits); a task the grader
+    does not then resolve is rejected, the returned text says how it failed."""
+    from composer_jax.env.agents import OracleAgent
+    from composer_jax.env.episode import run_episode
+    env_cfg = dataclasses.replace(env_cfg, max_turns=ORACLE_CHECK_MAX_TURNS,
+                                  max_tokens=max(env_cfg.max_tokens, 1 << 24),
+                                  episode_time_s=max(env_cfg.episode_time_s, 1800.0))
+
+    def check(task, task_dir) -> str | None:
+        ep = run_episode(OracleAgent(task, task_dir), task, task_dir, env_cfg)
+        g = ep.grade
+        if g.resolved:
+            return None
+        return (f"the oracle's replay of the reference fix is not resolved by the grader "
+                f"(fail-to-pass {g.f2p_passed}/{g.f2p_total}, pass-to-pass {g.p2p_passed}/"
+                f"{g.p2p_total}, stop {ep.stop_reason}, tampered {g.tampered})")
+    return check
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,15 +74,15 @@ def test_prompts_terse_hides_tests_and_files_detailed_lists_them():
 
 @pytest.mark.skipif(not bwrap_works(), reason="bubblewrap is not usable here")
 def test_the_oracle_check_excludes_a_task_its_reference_does_not_resolve(tmp_path):
-    from composer_jax.config import Config
-    from composer_jax.eval.api import oracle_check
+    from composer_jax.env.config import EnvConfig
+    from composer_jax.eval.suite import oracle_check
     from eval_helpers import BUGGY
 
     good = make_task("bug-3.12-mini-001", lines=4)
     broken, before, _ = make_task("bug-3.12-mini-002", lines=9)   # preferred: more lines
     make_pool(tmp_path / "pool", [good, (broken, before, {"colorsys.py": BUGGY})])
     m = build_suite(tmp_path / "pool", tmp_path / "suite", name="t", size=1, min_median_lines=1,
-                    verify=oracle_check(Config()))
+                    verify=oracle_check(EnvConfig(max_turns=1)))   # never cut: 3 turns run
     assert [e["task_id"] for e in m["tasks"]] == ["bug-3.12-mini-001"] and m["verified"]
     assert list(m["excluded"]) == ["bug-3.12-mini-002"]
     assert "fail-to-pass 0/2" in m["excluded"]["bug-3.12-mini-002"]
