@@ -5,13 +5,11 @@ reproduces them."""
 import dataclasses
 import json
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import nnx
 
 from composer_jax.config import tiny
+from random_weights import random_params
 from composer_jax.data.config import SplitPattern
 from composer_jax.data.tokenizer import train_tokenizer
 from composer_jax.env import protocol
@@ -29,18 +27,8 @@ VOCAB = 768
 
 
 def random_model(cfg, seed=0):
-    """Random weights built with numpy (fast): normal(0, 0.02), norms one, biases zero."""
-    from composer_jax.model import abstract_model
-    rng = np.random.default_rng(seed)
-    graphdef, abstract = nnx.split(abstract_model(cfg))
-
-    def leaf(path, x):
-        name = [str(q.key) for q in path if hasattr(q, "key")][-1]
-        if name in ("weight", "bias"):
-            return (jnp.ones if name == "weight" else jnp.zeros)(x.shape, x.dtype)
-        return jnp.asarray(rng.normal(0.0, 0.02, x.shape), x.dtype)
-
-    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(leaf, abstract))
+    """A model with random weights (see tests/random_weights.py)."""
+    return nnx.merge(*random_params(cfg, seed))
 
 
 def small_tokenizer():

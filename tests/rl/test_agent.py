@@ -25,9 +25,9 @@ from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tasks.task import Task, unified_patch
 from composer_jax.env.tools import TOOL_SPECS
 from composer_jax.inference import Engine, EngineConfig
-from composer_jax.model import abstract_model
 from composer_jax.rl.agent import AgentConfig, ScriptedPolicy, TokenAgent
 from composer_jax.rl.rollout import END_EPISODE, END_SUMMARIZED, Rollout
+from random_weights import random_params
 
 pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap is not usable here")
 
@@ -41,17 +41,7 @@ MAX_LEN = 4096
 
 
 def _init_model(cfg, seed):
-    """Random weights built with numpy (fast): normal(0, 0.02), norms one, router biases zero."""
-    rng = np.random.default_rng(seed)
-    graphdef, abstract = nnx.split(abstract_model(cfg))
-
-    def leaf(path, x):
-        name = [str(q.key) for q in path if hasattr(q, "key")][-1]
-        if name in ("weight", "bias"):
-            return (jnp.ones if name == "weight" else jnp.zeros)(x.shape, x.dtype)
-        return jnp.asarray(rng.normal(0.0, 0.02, x.shape), x.dtype)
-
-    return graphdef, jax.tree_util.tree_map_with_path(leaf, abstract)
+    return random_params(cfg, seed)
 
 
 @pytest.fixture(scope="module")
