@@ -105,9 +105,6 @@ class ParityPolicy:
         self.busy_s = 0.0
         self.t0 = time.monotonic()
 
-    def load(self, weights, version: int) -> None:
-        raise NotImplementedError("ParityPolicy loads through load_from(store, version)")
-
     def load_from(self, store, version: int) -> None:
         from composer_jax.rl.weights.engine_sync import fetch_state
         state, version = fetch_state(store.reader, version, self.engine.state)

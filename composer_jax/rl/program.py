@@ -8,7 +8,7 @@ small programs used to test the orchestration:
   `train_tasks()`, `eval_tasks()` -> task ids, and
   `run_episode(task_id, seed, policy, *, greedy) -> Rollout` where `policy` is a `PolicyClient`
   (calls named methods of the policy server, in process, over a pipe or through Ray).
-- inference side: `make_policy() -> PolicyServer` with `load(weights, version)` (applied in
+- inference side: `make_policy() -> PolicyServer` with `load_from(store, version)` (applied in
   flight, between decode steps), `version`, `rpc(method, args, kwargs)` (what `run_episode` calls)
   and `stats()` (for example `engine_busy_s`).
 - trainer side: `make_learner() -> Learner` with `init_state()`, `step(state, groups) ->
@@ -35,7 +35,7 @@ class PolicyClient(Protocol):
 class PolicyServer(Protocol):
     version: int
 
-    def load(self, weights, version: int) -> None: ...
+    def load_from(self, store, version: int) -> None: ...
     def rpc(self, method: str, args: tuple, kwargs: dict) -> Any: ...
     def stats(self) -> dict: ...
 

@@ -3,7 +3,7 @@ rollout stream (`rl/stream.py`) and the weight store (`publish(version, params)`
 `latest()`); the backends (`backend_local.py`, `backend_ray.py`) decide where each one runs.
 
 - `InferenceService`: owns the program's policy server; a poller applies every newer version of
-  the weight store in flight (`PolicyServer.load`, between decode steps), never ending episodes.
+  the weight store in flight (`PolicyServer.load_from`, between decode steps), never ending episodes.
 - `run_job` (a rollout worker's body): one episode of one task sample through the policy client;
   any exception becomes an error rollout (reward 0, the reason in `error`), never a crashed run.
 - `TrainerService`: takes B complete groups as soon as they are buffered, runs the learner's
@@ -162,11 +162,7 @@ class InferenceService:
         v = self.store.latest()
         if v is None or v <= getattr(self.server, "version", -1):
             return False
-        load_from = getattr(self.server, "load_from", None)
-        if load_from is not None:          # the server reads the store itself (its own layout)
-            load_from(self.store, v)
-        else:
-            self.server.load(self.store.fetch(v), v)
+        self.server.load_from(self.store, v)     # the server reads the store in its own layout
         self.swaps += 1
         return True
 

@@ -46,7 +46,8 @@ class BanditPolicy:
         self.busy_s = 0.0
         self._lock = threading.Lock()
 
-    def load(self, weights, version):
+    def load_from(self, store, version):
+        weights = store.fetch(version)
         with self._lock:
             self.logits = np.asarray(weights["logits"], np.float64).copy()
             self.version = version
