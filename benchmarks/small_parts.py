@@ -1,6 +1,7 @@
 """Where the `small` config's train step time goes (issue 19): full step vs its parts, interleaved.
 
     python benchmarks/small_parts.py [--repeats 5]
+    python benchmarks/small_parts.py --profile /tmp/small_prof    # per-XLA-op profile of the step
 """
 from __future__ import annotations
 import argparse, os, pathlib, statistics, sys, time
@@ -106,11 +107,64 @@ def measure(p, repeats):
     return {k: statistics.median(v) for k, v in t.items()}
 
 
+CATEGORIES = [  # (name, regex on the HLO op_name metadata), first match wins
+    ("MoE expert matmuls (jbk,jkn)", r"jbk,jkn"),
+    ("MoE gathers/scatters, routing sort", r"gather|scatter|_take|argsort|sort|cumsum|searchsorted|bincount"),
+    ("attention core (logits, softmax, PV)", r"bhtd|bhts|bhdt|softmax|reduce_max|_where|bthd,bshd|bhts,bshd"),
+    ("latent expand / head projections", r"bsc,chd|btc,chd|bthv,hvd|btd,dhk"),
+    ("other matmuls (head, MLPs, projections)", r"dot_general|dot"),
+    ("SwiGLU elementwise", r"silu"),
+]
+
+
+def profile(step, out_dir: str, steps: int = 2, top: int = 25):
+    """Per-XLA-op time of the compiled train step (jax.profiler's perfetto trace: one event per
+    executed thunk), mapped to the jax op names in the compiled HLO and grouped by CATEGORIES.
+    Sums of op times exceed the wall time a little (the two cores run some thunks in parallel)."""
+    import collections, glob, gzip, json, re
+    b = step.batches[0]
+    hlo = step.fns.train_step.lower(step.state, b).compile().as_text()
+    info = {}
+    for line in hlo.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (\S+) ", line)
+        if m:
+            op = re.search(r'op_name="([^"]*)"', line)
+            info[m.group(1)] = (m.group(2)[:40], op.group(1) if op else "")
+    jax.profiler.start_trace(out_dir, create_perfetto_trace=True)
+    for _ in range(steps):
+        jax.block_until_ready(step())
+    jax.profiler.stop_trace()
+    trace = sorted(glob.glob(os.path.join(out_dir, "plugins/profile/*/perfetto_trace.json.gz")))[-1]
+    events = json.load(gzip.open(trace))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    per_op = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and e["name"] in info and not e["name"].startswith("while"):
+            per_op[e["name"]] += e["dur"] / 1e3 / steps
+    total = sum(per_op.values())
+    cats = collections.Counter()
+    for name, ms in per_op.items():
+        op = info[name][1]
+        cat = next((c for c, pat in CATEGORIES if re.search(pat, op)), "other elementwise/copies")
+        cats[cat] += ms
+    print(f"sum of XLA op times: {total:.0f} ms/step (load {os.getloadavg()[0]:.1f})")
+    for c, ms in cats.most_common():
+        print(f"  {c:45s} {ms:8.1f} ms {ms / total:6.1%}")
+    print(f"top {top} ops:")
+    for name, ms in per_op.most_common(top):
+        print(f"  {ms:7.1f} ms  {name:32s} {info[name][0]:40s} {info[name][1][-70:]}")
+
+
 def main():
     ap = argparse.ArgumentParser(); ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", metavar="DIR", help="profile the full step per XLA op instead")
     a = ap.parse_args()
     cfg = Config(model=small(), data=DataConfig(global_batch_size=B, seq_len=T), train=TrainConfig(steps=1000, warmup_steps=10))
     step = Step(cfg)
+    if a.profile:
+        for _ in range(2):
+            jax.block_until_ready(step())
+        return profile(step, a.profile)
     p = {"full train step": step}; p.update(parts(cfg, step))
     r = measure(p, a.repeats)
     full = r["full train step"]

@@ -27,7 +27,8 @@ from jax.sharding import PartitionSpec as P
 
 from composer_jax.config import ModelConfig
 from composer_jax.model import rope as rope_lib
-from composer_jax.model.layers import Ctx, ParamInit, RMSNorm, linear, make_param
+from composer_jax.model.layers import (Ctx, ParamInit, RMSNorm, linear, make_param,
+                                      use_cpu_matmul)
 from composer_jax.parallel.ring_attention import online_softmax_block, ring_attention
 from composer_jax.parallel.sharding import CPAttention, current, shard
 
@@ -54,6 +55,47 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     out = jnp.einsum("bhts,bshd->bthd", probs.astype(v.dtype), v,
                      preferred_element_type=jnp.float32)
     return out.astype(v.dtype)
+
+
+def _to_heads(x):
+    """[B, L, H, D] -> [B, H, L, D] (a materialised copy)."""
+    return jnp.transpose(x, (0, 2, 1, 3))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def attend_cpu(q, k, v, mask, scale: float):
+    """`attend` for float32 on XLA:CPU: the same softmax attention with every matmul in a layout
+    XLA:CPU runs as a plain or rhs-transposed batched matmul (heads moved next to the batch by
+    small explicit copies of q/k/v, never of the [B,H,T,S] arrays). q [B,T,H,Dk], k [B,S,H,Dk],
+    v [B,S,H,Dv], mask [B,T,S] -> [B,T,H,Dv]. Equal to `attend` within float32 rounding."""
+    return _attend_cpu_fwd(q, k, v, mask, scale)[0]
+
+
+def _attend_cpu_fwd(q, k, v, mask, scale):
+    qh, kh, vh = _to_heads(q), _to_heads(k), _to_heads(v)
+    logits = jnp.einsum("bhtd,bhsd->bhts", qh, kh, preferred_element_type=jnp.float32) * scale
+    logits = jnp.where(mask[:, None], logits, -1e30)
+    probs = jax.nn.softmax(logits, axis=-1)
+    oh = jnp.einsum("bhts,bhsd->bhtd", probs, vh, preferred_element_type=jnp.float32)
+    return jnp.transpose(oh, (0, 2, 1, 3)), (qh, kh, vh, probs)
+
+
+def _attend_cpu_bwd(scale, res, do):
+    qh, kh, vh, p = res
+    doh = _to_heads(do)
+    dp = jnp.einsum("bhtd,bhsd->bhts", doh, vh, preferred_element_type=jnp.float32)
+    ds = p * (dp - jnp.sum(p * dp, axis=-1, keepdims=True)) * scale
+    dqh = jnp.einsum("bhts,bhsd->bhtd", ds, kh, preferred_element_type=jnp.float32)
+    # dk^T = q^T ds and dv^T = do^T p: transposed copies of the thin q / do, not of ds / p
+    dkt = jnp.einsum("bhdt,bhts->bhds", jnp.swapaxes(qh, 2, 3), ds,
+                     preferred_element_type=jnp.float32)
+    dvt = jnp.einsum("bhdt,bhts->bhds", jnp.swapaxes(doh, 2, 3), p,
+                     preferred_element_type=jnp.float32)
+    return (jnp.transpose(dqh, (0, 2, 1, 3)), jnp.transpose(dkt, (0, 3, 1, 2)),
+            jnp.transpose(dvt, (0, 3, 1, 2)), None)
+
+
+attend_cpu.defvjp(_attend_cpu_fwd, _attend_cpu_bwd)
 
 
 # The q and kv latent norms use a fixed epsilon in the DeepSeek-V3 reference code and in HF
@@ -240,13 +282,17 @@ def mla_kv(n_nope: int, dtype, wkv_b, c, k_pe):
 def _latent_attention(q, c, k_pe, wkv_b, q_seg, kv_seg, q_idx, kv_idx, scale, kv_block, n_nope,
                       dtype):
     """Attention of q [B,T,H,N+R] over the latent keys c [B,S,C] / k_pe [B,S,1,R]: the blocked
-    FlashAttention over the latent when S > kv_block, else plain attention over expanded K/V."""
+    FlashAttention over the latent when S > kv_block, else plain attention over expanded K/V
+    (`attend_cpu` where `use_cpu_matmul` says so, else `attend`)."""
     make_kv = functools.partial(mla_kv, n_nope, dtype)
     if c.shape[1] > kv_block:
         return flash_attention(q, (c, k_pe), wkv_b, q_seg, kv_seg, q_idx, kv_idx, make_kv, scale,
                                kv_block)
     k, v = make_kv(wkv_b, c, k_pe)
-    return attend(q, k, v, attention_mask(q_seg, kv_seg, q_idx, kv_idx), scale)
+    mask = attention_mask(q_seg, kv_seg, q_idx, kv_idx)
+    if use_cpu_matmul(dtype):      # float32, CPU, one device without a mesh
+        return attend_cpu(q, k, v, mask, scale)
+    return attend(q, k, v, mask, scale)
 
 
 def allgather_latent_attention(q, c, k_pe, wkv_b, segment_ids, token_index, scale: float,

@@ -15,12 +15,14 @@ Shape glossary: B batch, T tokens, D model dim, F FFN width, V vocab, L stacked 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from composer_jax.config import DType, ExecutionConfig, ModelConfig
+from composer_jax.parallel.sharding import current
 
 
 class RouterBias(nnx.Variable):
@@ -95,13 +97,74 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return (y * weight.astype(jnp.float32)).astype(x.dtype)
 
 
+def _as_matmul(spec: str, x_ndim: int, w_ndim: int) -> tuple[int, int] | None:
+    """(number of leading x dims, number of contracted dims) when the einsum `spec` is a plain
+    matmul after reshapes, x [P..., C...] @ w [C..., Q...] -> [P..., Q...] (e.g. "...d,df->...f",
+    "btc,chd->bthd", "bthv,hvd->btd"); None otherwise."""
+    ins, out = spec.replace(" ", "").split("->")
+    a, b = ins.split(",")
+    ellipsis = a.startswith("...")
+    a, out = a.removeprefix("..."), out.removeprefix("...")
+    if "." in a + b + out or len(b) != w_ndim:
+        return None
+    lead = x_ndim - len(a) if ellipsis else 0
+    for nc in range(min(len(a), len(b)), 0, -1):
+        c = b[:nc]
+        if a.endswith(c) and out == a[:-nc] + b[nc:]:
+            return lead + len(a) - nc, nc
+    return None
+
+
+@jax.custom_vjp
+def cpu_matmul(x2: jax.Array, w2: jax.Array) -> jax.Array:
+    """float32 x2 [M, K] @ w2 [K, N] -> [M, N] with a backward laid out for XLA:CPU.
+
+    Autodiff's weight gradient x2^T @ dy contracts the token axis of both operands; XLA:CPU 0.12
+    lays that out by writing dy (often a fusion, e.g. the SwiGLU gradient) transposed, [N, M],
+    which on the `small` config cost more than the matmul itself. Here the narrower of x2 / dy
+    is transposed explicitly from a materialised buffer and the weight gradient is a plain
+    row-major matmul. Forward and dx are the same dots as autodiff's."""
+    return jnp.dot(x2, w2, preferred_element_type=jnp.float32)
+
+
+def _cpu_matmul_fwd(x2, w2):
+    return cpu_matmul(x2, w2), (x2, w2)
+
+
+def _cpu_matmul_bwd(res, dy):
+    x2, w2 = res
+    dx = jnp.dot(dy, w2.T, preferred_element_type=jnp.float32)
+    if x2.shape[1] <= w2.shape[1]:          # K <= N: transpose x2 [M, K]
+        dw = jnp.dot(jax.lax.optimization_barrier(x2).T, dy, preferred_element_type=jnp.float32)
+    else:                                   # transpose dy [M, N], then the small [N, K] result
+        dw = jnp.dot(jax.lax.optimization_barrier(dy).T, x2, preferred_element_type=jnp.float32).T
+    return dx.astype(x2.dtype), dw.astype(w2.dtype)
+
+
+cpu_matmul.defvjp(_cpu_matmul_fwd, _cpu_matmul_bwd)
+
+
+def use_cpu_matmul(dtype) -> bool:
+    """Whether `linear` runs its plain matmuls through `cpu_matmul`: float32 compute on the CPU
+    backend without a parallel context (one device, no mesh; as `train.losses.fused_head_ce`)."""
+    return jnp.dtype(dtype) == jnp.float32 and jax.default_backend() == "cpu" and current() is None
+
+
 def linear(x: jax.Array, w: jax.Array, ctx: Ctx, spec: str = "...d,df->...f") -> jax.Array:
     """A matmul of activations with a weight in the compute dtype, accumulated in float32.
 
     Every dense/expert matmul of the model goes through here (or `composer_jax.model.moe`'s grouped
-    matmul), so the low-precision recipe has one place to hook in.
+    matmul), so the low-precision recipe has one place to hook in. Plain matmuls (see `_as_matmul`)
+    go through `cpu_matmul` where `use_cpu_matmul` says so (same forward, weight gradient laid
+    out for XLA:CPU).
     """
     dt = ctx.dtype
+    plain = _as_matmul(spec, x.ndim, w.ndim) if use_cpu_matmul(dt) else None
+    if plain is not None:
+        lead, nc = plain
+        k = math.prod(w.shape[:nc])
+        y = cpu_matmul(x.astype(dt).reshape(-1, k), w.astype(dt).reshape(k, -1))
+        return y.reshape(x.shape[:lead] + w.shape[nc:]).astype(dt)
     y = jnp.einsum(spec, x.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
     return y.astype(dt)
 

@@ -89,7 +89,9 @@ def _dispatch_blocked(x, idx, weights, w_gate, w_up, w_down, dt, block: int = CP
     # padded row -> token (n: an empty row, gathered as zeros)
     src = jnp.full((num_blocks * block,), n, jnp.int32).at[dest].set(
         jnp.arange(m, dtype=jnp.int32) // k)
-    xp = jnp.take(x.astype(dt), src, axis=0, mode="fill", fill_value=0)
+    # row n of the extended x is the zero row of empty slots (an in-bounds gather: no fill mask)
+    xz = jnp.concatenate([x.astype(dt), jnp.zeros((1, d), dt)], axis=0)
+    xp = xz.at[src].get(mode="promise_in_bounds")
     xp = xp.reshape(num_blocks, block, d)
     block_group = jnp.clip(jnp.searchsorted(padded_starts + padded,
                                             jnp.arange(num_blocks) * block, side="right"), 0, e - 1)

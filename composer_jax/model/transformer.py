@@ -31,7 +31,7 @@ from composer_jax.config import ExecutionConfig, ModelConfig, Remat
 from composer_jax.model.attention import MLA
 from composer_jax.model.layers import MLP, Ctx, ParamInit, RMSNorm, linear, make_param
 from composer_jax.model.moe import MoE
-from composer_jax.parallel.sharding import compute_value, gather_for_compute, shard
+from composer_jax.parallel.sharding import compute_value, current, gather_for_compute, shard
 
 
 @struct.dataclass
@@ -90,14 +90,29 @@ def _remat(fn, policy: Remat):
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
+def unroll_layer_scans() -> bool:
+    """Whether the training forward's layer scans (`scan_blocks`, `MTPLayers`) run fully unrolled:
+    on the CPU backend without a parallel context (one device, no mesh).
+
+    Differentiating a scan makes its forward stack every per-layer residual the backward reads into
+    [L, ...] buffers; XLA:CPU zero-fills those buffers, writes them layer by layer
+    (dynamic-update-slice) and the backward reads them back with dynamic slices: on the `small`
+    config these copies were ~20% of the train step. Unrolled (`lax.scan(unroll=True)`: no while
+    loop), each layer's residuals are plain buffers. Same operations, bitwise-equal results (the
+    train step's metrics were checked); compile time grows with the number of layers. On a mesh
+    (and so in the planner's memory figures) nothing changes."""
+    return jax.default_backend() == "cpu" and current() is None
+
+
 def drive_layers(blocks: Block, x, ctx: Ctx, layer_fn, xs=None, first_layer: int = 0,
-                 remat: Remat = Remat.NONE):
+                 remat: Remat = Remat.NONE, unroll: bool = False):
     """The one layer driver of training and inference: scans `layer_fn` over a stack of L blocks.
 
     layer_fn(block, h, ctx_l, xs_l) -> (h, ys_l): one layer (`block` is the layer slice, its
     weights gathered to their compute layout under a parallel context: FSDP holds one layer's
     weights at a time). xs: pytree of per-layer inputs [L, ...] (router replay, cache slices) or
-    None. Returns (h, ys stacked [L, ...]).
+    None. Returns (h, ys stacked [L, ...]). unroll: run the scan fully unrolled
+    (`unroll_layer_scans`).
     Per layer, ctx_l carries the layer's own key (ctx.key split L ways) and its precision: blocks
     whose global index (first_layer + l) is among the last `quant_bf16_last_blocks` of the model
     run BF16 when the model is low-precision (ctx.execution). remat: the rematerialisation
@@ -124,7 +139,8 @@ def drive_layers(blocks: Block, x, ctx: Ctx, layer_fn, xs=None, first_layer: int
             return run(ctx.quantized)
         return jax.lax.cond(layer_bf16, lambda: run(False), lambda: run(True))
 
-    return jax.lax.scan(_remat(body, remat), x, (state, xs, keys, keep_bf16))
+    return jax.lax.scan(_remat(body, remat), x, (state, xs, keys, keep_bf16),
+                        unroll=bool(unroll))
 
 
 def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None,
@@ -137,7 +153,8 @@ def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None,
     def layer(block, h, c, layer_replay):
         return block(h, positions, segment_ids, c, layer_replay, token_index)
 
-    return drive_layers(blocks, x, ctx, layer, replay, first_layer, ctx.execution.remat)
+    return drive_layers(blocks, x, ctx, layer, replay, first_layer, ctx.execution.remat,
+                        unroll=unroll_layer_scans())
 
 
 def mtp_ctx(ctx: Ctx) -> Ctx:
@@ -188,7 +205,8 @@ class MTPLayers(nnx.Module):
             return x, (m.norm(x), aux)
 
         _, (normed, aux) = jax.lax.scan(_remat(body, ctx.execution.remat), h0,
-                                        (state, future_emb, replay, keys))
+                                        (state, future_emb, replay, keys),
+                                        unroll=unroll_layer_scans())
         return normed, aux
 
 

@@ -132,6 +132,10 @@ def self_distill_sum(student_logits: jax.Array, teacher_logits: jax.Array,
 # Elements of one [tokens, vocab tile] float32 logits tile (16 MiB): small enough to stay in a
 # CPU's cache hierarchy between the matmul that writes it and the reductions that read it.
 FUSED_TILE_ELEMENTS = 1 << 22
+# Up to this many [tokens, vocab] logits (64 MiB f32) the differentiated head keeps every tile's
+# logits from the logsumexp pass for the gradient pass (unrolled over tiles) instead of
+# recomputing them (one matmul per tile fewer); larger heads recompute them in a scan.
+FUSED_STORE_ELEMENTS = 1 << 24
 
 
 def vocab_tile(vocab: int, tokens: int, budget: int = FUSED_TILE_ELEMENTS) -> int:
@@ -160,19 +164,29 @@ def _lse_and_picked(hc, w, targets, tile, dtype):
     tiles = w.shape[1] // tile
 
     def body(carry, j):
-        m, s, picked = carry
         lg, _ = _tile_logits(hc, w, j, tile, dtype)
-        m_new = jnp.maximum(m, jnp.max(lg, axis=-1))
-        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(lg - m_new[:, None]), axis=-1)
-        local = targets - j * tile
-        inside = (local >= 0) & (local < tile)
-        got = jnp.take_along_axis(lg, jnp.clip(local, 0, tile - 1)[:, None], axis=-1)[:, 0]
-        return (m_new, s, jnp.where(inside, got, picked)), None
+        return _online_lse_step(carry, lg, targets, j * tile), None
 
-    init = (jnp.full((n,), -jnp.inf, jnp.float32), jnp.zeros((n,), jnp.float32),
-            jnp.zeros((n,), jnp.float32))
-    (m, s, picked), _ = jax.lax.scan(body, init, jnp.arange(tiles))
+    (m, s, picked), _ = jax.lax.scan(body, _online_lse_init(n), jnp.arange(tiles))
     return m + jnp.log(s), picked
+
+
+def _online_lse_init(n):
+    """(running max, running sum of exp, target logit) before the first tile."""
+    return (jnp.full((n,), -jnp.inf, jnp.float32), jnp.zeros((n,), jnp.float32),
+            jnp.zeros((n,), jnp.float32))
+
+
+def _online_lse_step(carry, lg, targets, offset):
+    """Merges the logits tile lg [N, tile] (vocabulary columns offset..) into the carry."""
+    m, s, picked = carry
+    tile = lg.shape[1]
+    m_new = jnp.maximum(m, jnp.max(lg, axis=-1))
+    s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(lg - m_new[:, None]), axis=-1)
+    local = targets - offset
+    inside = (local >= 0) & (local < tile)
+    got = jnp.take_along_axis(lg, jnp.clip(local, 0, tile - 1)[:, None], axis=-1)[:, 0]
+    return m_new, s, jnp.where(inside, got, picked)
 
 
 def _sums(lse, picked, mask):
@@ -186,28 +200,54 @@ def _fused_head_ce(h, w, targets, mask, dtype, z_coef, tile):
     return ce + z_coef * z, (ce, z)
 
 
+def _dlogits(lg, lse, scale, targets, mask, offset, dtype):
+    """d objective / d logits of one tile: mask * (softmax * (1 + 2 z_coef lse) - onehot)."""
+    onehot = (jnp.arange(lg.shape[1])[None, :] + offset) == targets[:, None]
+    return ((jnp.exp(lg - lse[:, None]) * scale - onehot) * mask[:, None]).astype(dtype)
+
+
 def _fused_fwd(h, w, targets, mask, dtype, z_coef, tile):
     hc = h.astype(dtype)
-    lse, picked = _lse_and_picked(hc, w, targets, tile, dtype)
-    ce, z = _sums(lse, picked, mask)
-    # d objective / d logits = mask * (softmax * (1 + 2 z_coef lse) - onehot(target))
-    scale = (1.0 + 2.0 * z_coef * lse)[:, None]
     n, d = hc.shape
     # materialised [D, N]: XLA:CPU 0.12 has a fast BF16 x BF16 = F32 kernel for the plain layout,
     # none for a transposed lhs folded into the dot (UNIMPLEMENTED in DotThunk)
     hc_t = jax.lax.optimization_barrier(hc.T)
+    tiles = w.shape[1] // tile
+    if n * w.shape[1] <= FUSED_STORE_ELEMENTS:
+        # Small head: the same tiles, unrolled, each tile's logits kept from the logsumexp pass
+        # for the gradient pass (the same values the scan below recomputes: bitwise-equal results).
+        carry, lgs, wjs = _online_lse_init(n), [], []
+        for j in range(tiles):
+            lg, wj = _tile_logits(hc, w, j, tile, dtype)
+            carry = _online_lse_step(carry, lg, targets, j * tile)
+            lgs.append(lg)
+            wjs.append(wj)
+        m, s, picked = carry
+        lse = m + jnp.log(s)
+        ce, z = _sums(lse, picked, mask)
+        scale = (1.0 + 2.0 * z_coef * lse)[:, None]
+        dh = jnp.zeros((n, d), jnp.float32)
+        dws = []
+        for j in range(tiles):
+            dl = _dlogits(lgs[j], lse, scale, targets, mask, j * tile, dtype)
+            dh = dh + jnp.dot(dl, wjs[j].T, preferred_element_type=jnp.float32)
+            dws.append(jnp.dot(hc_t, dl, preferred_element_type=jnp.float32))
+        dw = jnp.concatenate(dws, axis=1)
+    else:
+        lse, picked = _lse_and_picked(hc, w, targets, tile, dtype)
+        ce, z = _sums(lse, picked, mask)
+        scale = (1.0 + 2.0 * z_coef * lse)[:, None]
 
-    def body(carry, j):
-        dh, dw = carry
-        lg, wj = _tile_logits(hc, w, j, tile, dtype)
-        onehot = (jnp.arange(tile)[None, :] + j * tile) == targets[:, None]
-        dl = ((jnp.exp(lg - lse[:, None]) * scale - onehot) * mask[:, None]).astype(dtype)
-        dh = dh + jnp.dot(dl, wj.T, preferred_element_type=jnp.float32)
-        dwj = jnp.dot(hc_t, dl, preferred_element_type=jnp.float32)
-        return (dh, jax.lax.dynamic_update_slice_in_dim(dw, dwj, j * tile, axis=1)), None
+        def body(carry, j):
+            dh, dw = carry
+            lg, wj = _tile_logits(hc, w, j, tile, dtype)
+            dl = _dlogits(lg, lse, scale, targets, mask, j * tile, dtype)
+            dh = dh + jnp.dot(dl, wj.T, preferred_element_type=jnp.float32)
+            dwj = jnp.dot(hc_t, dl, preferred_element_type=jnp.float32)
+            return (dh, jax.lax.dynamic_update_slice_in_dim(dw, dwj, j * tile, axis=1)), None
 
-    init = (jnp.zeros((n, d), jnp.float32), jnp.zeros(w.shape, jnp.float32))
-    (dh, dw), _ = jax.lax.scan(body, init, jnp.arange(w.shape[1] // tile))
+        init = (jnp.zeros((n, d), jnp.float32), jnp.zeros(w.shape, jnp.float32))
+        (dh, dw), _ = jax.lax.scan(body, init, jnp.arange(tiles))
     # dtypes travel as empty arrays (residuals must be arrays)
     return (ce + z_coef * z, (ce, z)), (dh, dw, jnp.zeros((0,), h.dtype),
                                         jnp.zeros((0,), w.dtype), targets, mask)
