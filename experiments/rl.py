@@ -45,20 +45,28 @@ def _coding_config(max_staleness: int) -> Config:
     """rl.tasks=coding: the policy is the repository's own `sft` run (the cpt_debug model and
     tokenizer, SFT on oracle episodes of the RL task pool's training tasks), RL on that pool's
     sandboxed episodes with real tools; the eval suite's runner scores checkpoints. Sized for a
-    short CPU run: episodes of at most 4 turns of 96 new tokens, 2 groups of 4 per step."""
+    CPU run from what the oracle episodes measure (the SFT data): a transcript is 2.4-2.7k tokens
+    (prompt ~2.2k) and the longest assistant turn 286 tokens, so turns get 320 new tokens (96
+    truncated most `search_replace` calls into invalid ones) in 3072-token rows; 2 groups of 4
+    episodes per step with 16 episodes running (up to two versions ahead); episodes get 600 s
+    (16 concurrent episodes share the engine with the trainer on 2 cores). The engine gets the
+    weights in fp32 (the policy is tiny, and a bf16 copy of the memorised SFT policy raised the
+    sampler/trainer log-prob mismatch from 0.0007 to 0.03-0.08 per token); Adam at 1e-4 (3e-4
+    with the bf16 copy drove valid calls and resolved rate down; benchmarks/results/rl_coding.txt)."""
     from experiments.pretrain import _sft
     base = _sft()
     rl = RLConfig(tasks=RLTasks.CODING, group_size=4, batch_groups=2, max_staleness=max_staleness,
-                  steps=12, num_rollout_workers=8, checkpoint_every=4, eval_every=6,
-                  num_train_tasks=12, num_eval_tasks=2, max_new_tokens=96, seq_len=3072,
-                  loss_normalizer=256.0, full_snapshot_every=10, temperature=1.0)
+                  steps=40, num_rollout_workers=16, checkpoint_every=4, eval_every=8,
+                  num_train_tasks=12, num_eval_tasks=2, max_new_tokens=320, seq_len=3072,
+                  loss_normalizer=1024.0, full_snapshot_every=10, temperature=1.0,
+                  weight_sync_dtype="")
     train = TrainConfig(steps=rl.steps, lr=1e-4, warmup_steps=0, schedule=Schedule.CONSTANT,
                         weight_decay=0.0, grad_clip=1.0, log_every=1)
     env = dataclasses.replace(EnvConfig(), max_turns=4, command_timeout_s=10.0,
-                              episode_time_s=120.0, use_embeddings=False, num_tasks=rl.num_train_tasks,
+                              episode_time_s=600.0, use_embeddings=False, num_tasks=rl.num_train_tasks,
                               kinds=("bug",), python_versions=(_python_version(),),
                               max_tasks_per_module=2, workers=2)
-    ev = dataclasses.replace(EvalConfig(), max_turns=4, max_new_tokens=96, max_context=3072,
+    ev = dataclasses.replace(EvalConfig(), max_turns=4, max_new_tokens=320, max_context=3072,
                              concurrency=2)
     return dataclasses.replace(base, rl=rl, train=train, env=env, eval=ev)
 

@@ -113,3 +113,43 @@ def test_rl_async_coding_end_to_end(tmp_path):
     assert all("eval_resolved_rate" in v for v in s["eval"].values())
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert sum("tool_calls_mean" in r for r in rows) == 4
+
+
+def test_coding_run_summary_thirds_and_standard_errors(tmp_path):
+    """benchmarks/rl_coding_summary.py: episodes assigned to versions by the consumed log, first
+    vs last third means with standard errors over episodes, the pooled valid-call rate."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from rl_coding_summary import mean_se, summarise, valid_rate_se
+
+    from composer_jax.rl.rollout import Rollout
+    rdir = tmp_path / "rollouts"
+    consumed = []
+    # 6 versions x 2 episodes; versions 1-2: invalid calls only, versions 5-6: valid and resolved
+    for v in range(1, 7):
+        ids = []
+        for s in range(2):
+            good = v >= 5
+            gid = f"g{v:07d}"
+            r = Rollout("t", gid, [], {"total": 1.0 if good else -0.1, "resolved": float(good),
+                                       "effort": 3.0 if good else 5.0 + s},
+                        rollout_id=f"{gid}-s{s:03d}",
+                        info={"num_calls": 2, "num_invalid_calls": 0 if good else 2 - s,
+                              "num_turns": 2, "generated_tokens": 10})
+            r.save(rdir / gid / f"{gid}-s{s:03d}.rollout")
+            ids.append(f"{gid}-s{s:03d}")
+        consumed.append({"version": v, "groups": [f"g{v:07d}"], "rollout_ids": ids})
+    (rdir / "consumed.jsonl").write_text("".join(json.dumps(c) + "\n" for c in consumed))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval_resolved_rate": 0.5,
+                                                        "eval_tasks": 2}) + "\n")
+    text, stats = summarise(tmp_path)
+    q = stats["quantities"]
+    assert stats["first_versions"] == [1, 2] and stats["last_versions"] == [5, 6]
+    # first third: invalid calls 2,1,2,1 of 2 calls each -> valid rate 2/8; last: 8/8
+    assert q["valid_call_rate"]["first"] == pytest.approx(0.25) and q["valid_call_rate"]["last"] == 1.0
+    assert q["invalid_calls"]["first"] == pytest.approx(1.5)
+    assert q["invalid_calls"]["first_se"] == pytest.approx(np.std([2, 1, 2, 1], ddof=1) / 2)
+    assert q["reward_effort"]["diff"] == pytest.approx(3.0 - 5.5) and "rewarded way" in text
+    assert q["resolved"]["last"] == 1.0 and stats["eval"] == {0: 0.5}
+    assert mean_se([1.0, 3.0]) == (2.0, pytest.approx(1.0))
+    rate, se = valid_rate_se([2, 2, 0], [1, 2, 0])
+    assert rate == pytest.approx(0.75) and 0 < se < 0.5
