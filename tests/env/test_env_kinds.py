@@ -58,6 +58,40 @@ def test_rename_is_token_exact_and_updates_all_and_tests():
     compile(tests["test_mod.py"], "t", "exec")
 
 
+def test_names_other_code_reaches_are_never_renamed(tmp_path):
+    """A rename the rest of the installation depends on is refused: an alias attribute use, a
+    `from` import and a method called on an instance each block their site; test directories do
+    not count."""
+    (tmp_path / "mod.py").write_text(MODULE)
+    (tmp_path / "user.py").write_text("import mod as m\n\nprint(m.area(1, 2))\n")
+    (tmp_path / "other.py").write_text("from mod import (\n    Shape,\n)\n\nShape(1, 1).size()\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.py").write_text("import mod\nmod.volume()\n")
+    ext = refactor.external_uses("mod", (str(tmp_path),), frozenset({str(tmp_path / "mod.py")}))
+    assert ext.names == {"area", "Shape"} and "size" in ext.attributes and "volume" not in ext.names
+    kept = refactor.rename_sites(MODULE, {"test_mod.py": TESTS}, "mod", random.Random(0), ext)
+    assert kept == []
+    only_user = refactor.external_uses("mod", (str(tmp_path),),
+                                       frozenset({str(tmp_path / "mod.py"), str(tmp_path / "other.py")}))
+    kept = refactor.rename_sites(MODULE, {"test_mod.py": TESTS}, "mod", random.Random(0), only_user)
+    assert sorted(s.qualname for s in kept) == ["Shape", "Shape.size"]
+
+
+def test_stdlib_rename_that_breaks_the_interpreter_is_refused():
+    """The running interpreter's traceback module calls textwrap.indent (3.11-3.13): a task renaming
+    it left the grader's interpreter unable to format an error (the reference fix scored 0/68)."""
+    import sysconfig
+    stdlib = sysconfig.get_paths()["stdlib"]
+    path = f"{stdlib}/textwrap.py"
+    ext = refactor.external_uses("textwrap", (stdlib,), frozenset({path}))
+    assert {"indent", "dedent", "wrap", "fill", "TextWrapper"} <= ext.names
+    text = open(path, encoding="utf-8").read()
+    tests = {"test_textwrap.py": "import unittest\nfrom textwrap import indent, dedent, shorten\n"}
+    before = {s.qualname for s in refactor.rename_sites(text, tests, "textwrap", random.Random(0))}
+    after = {s.qualname for s in refactor.rename_sites(text, tests, "textwrap", random.Random(0), ext)}
+    assert {"indent", "dedent"} <= before and after == {"shorten"}
+
+
 def test_large_sites_cover_classes_and_function_groups():
     text = "def a():\n" + "    x = 1\n" * 30 + "\n\ndef b():\n    '''B.'''\n" + "    y = 2\n" * 30 + \
         "\n\nclass C:\n    def m(self):\n" + "        z = 3\n" * 40 + \

@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import difflib
 import hashlib
+import os
 import pathlib
 import random
 from typing import Callable
@@ -174,7 +175,10 @@ def refactor_candidates(base: Baseline, rng: random.Random):
     src = base.source
     text = pathlib.Path(src.module_path).read_text(encoding="utf-8")
     tests = _test_texts(src)
-    for site in refactor.rename_sites(text, tests, src.module, rng):
+    roots = ((os.path.join(src.package.root, src.package.name),) if src.package
+             else (os.path.dirname(src.module_path),))
+    external = refactor.external_uses(src.module, roots, frozenset({src.module_path}))
+    for site in refactor.rename_sites(text, tests, src.module, rng, external):
         done = refactor.apply_rename(text, tests, src.module, site)
         if done is None:
             continue

@@ -9,16 +9,22 @@ before (FAIL_TO_PASS). Renaming is token-exact (`tokenize`), never textual.
 A site is kept only if the rename is unambiguous: the name is defined once in the module, is not a
 builtin or keyword, is used by the tests, and is not defined by the tests themselves; for a top-level
 function or class the module must not also use it as an attribute of something else
-(`obj.name`), and for a method the module must not use it as a bare name.
+(`obj.name`), and for a method the module must not use it as a bare name. A name that code the agent
+cannot edit reaches (`external_uses`: the interpreter's own modules, a package's other modules) is
+never renamed: the rename would break them (3.12's `traceback` calls `textwrap.indent`, so renaming
+it leaves the grader's interpreter unable to format an error).
 """
 from __future__ import annotations
 
 import ast
 import builtins
 import dataclasses
+import functools
 import io
 import keyword
+import os
 import random
+import re
 import tokenize
 
 API_TEST_CLASS = "RenamedAPITest"
@@ -107,9 +113,65 @@ def _new_name(old: str, kind: str, module: str, rng: random.Random) -> str:
     return prefix + old.lstrip("_") if not old.startswith(prefix) else old + "_impl"
 
 
+_SKIP_DIRS = frozenset({"tests", "site-packages", "dist-packages", "__pycache__"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternalUses:
+    """What code outside the task's edit files reaches of a module: `names` (top-level names, via
+    `module.name`, `alias.name` or `from module import name`) and `attributes` (every `.attr` read
+    in the files that use the module: a method may be called on an instance)."""
+    names: frozenset = frozenset()
+    attributes: frozenset = frozenset()
+
+
+@functools.lru_cache(maxsize=256)
+def external_uses(module: str, roots: tuple[str, ...], exclude: frozenset = frozenset()
+                  ) -> ExternalUses:
+    """The names of `module` that other Python files under `roots` reach (`ExternalUses`), so
+    renaming them would break code the agent cannot edit. Aliases come from `import <module> as
+    alias`. Test directories, site-packages and the paths in `exclude` are skipped (`test/support`
+    is kept: the test harness imports it). Conservative: it may exclude more than needed."""
+    last = module.rsplit(".", 1)[-1]
+    alias_re = re.compile(rf"\bimport\s+(?:[\w.]*\.)?{last}\s+as\s+(\w+)")
+    from_re = re.compile(rf"\bfrom\s+(?:[\w.]*\.)?{last}\s+import\s+(\([^)]*\)|[^\n]*)")
+    attr_re = re.compile(r"\.\s*([A-Za-z_]\w*)")
+    names: set[str] = set()
+    attributes: set[str] = set()
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            if os.path.basename(dirpath) == "test" and dirpath != root:
+                dirnames[:] = [d for d in dirnames if d == "support"]   # only test/support
+                continue
+            dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+            for f in filenames:
+                path = os.path.join(dirpath, f)
+                if not f.endswith(".py") or path in exclude:
+                    continue
+                try:
+                    with open(path, encoding="utf-8", errors="replace") as fh:
+                        src = fh.read()
+                except OSError:
+                    continue
+                if last not in src:
+                    continue
+                used = False
+                for n in [last] + alias_re.findall(src):
+                    hits = re.findall(rf"(?<![\w.]){re.escape(n)}\.([A-Za-z_]\w*)", src)
+                    names.update(hits)
+                    used = used or bool(hits)
+                for group in from_re.findall(src):
+                    names.update(w for w in re.findall(r"[A-Za-z_]\w*", group) if w != "as")
+                    used = True
+                if used:
+                    attributes.update(attr_re.findall(src))
+    return ExternalUses(frozenset(names), frozenset(attributes))
+
+
 def rename_sites(text: str, test_texts: dict[str, str], module: str,
-                 rng: random.Random) -> list[RenameSite]:
-    """The unambiguous rename sites of a module (see the module docstring), in random order."""
+                 rng: random.Random, external: ExternalUses = ExternalUses()) -> list[RenameSite]:
+    """The unambiguous rename sites of a module (see the module docstring), in random order.
+    `external`: what other code reaches (`external_uses`); it is never renamed."""
     tree = ast.parse(text)
     defs: dict[str, int] = {}
     for node in ast.walk(tree):
@@ -128,7 +190,7 @@ def rename_sites(text: str, test_texts: dict[str, str], module: str,
     def ok(name):
         return (len(name) >= MIN_NAME and not name.startswith("_") and defs.get(name) == 1
                 and not keyword.iskeyword(name) and name not in dir(builtins)
-                and name not in test_defined
+                and name not in test_defined and name not in external.names
                 and any(_name_uses(t, name) != (0, 0) for t in test_texts.values()))
 
     for node in tree.body:
@@ -141,7 +203,7 @@ def rename_sites(text: str, test_texts: dict[str, str], module: str,
         if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
             for m in node.body:
                 if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and ok(m.name) \
-                        and _name_uses(text, m.name)[0] == 1:
+                        and _name_uses(text, m.name)[0] == 1 and m.name not in external.attributes:
                     new = _new_name(m.name, "method", module, rng)
                     if new not in taken:
                         out.append(RenameSite(m.name, new, node.name, "method"))
