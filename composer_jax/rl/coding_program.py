@@ -155,22 +155,12 @@ class CodingPolicy(ParityPolicy):
     policy's setting) spent that many times the work on every ~2.2k-token prompt and every tool
     result (measured: 19 episodes in 12 minutes with 16 padded rows on 2 cores)."""
 
-    def __init__(self, cfg, model):
-        import threading
-        import time
-
-        from composer_jax.inference.config import EngineConfig
-        from composer_jax.inference.engine import Engine
-        rl = cfg.rl
-        self.engine = Engine.from_model(model, EngineConfig(
-            max_batch=max(rl.num_rollout_workers, 1), max_len=_engine_len(cfg),
-            capture_router=rl.router_replay, prefill_batch=1, seed=cfg.seed), version=-1).start()
-        self.version = -1
-        self._lock = threading.Lock()
-        self._inflight = 0
-        self._busy_since = None
-        self.busy_s = 0.0
-        self.t0 = time.monotonic()
+    @staticmethod
+    def engine_config(cfg):
+        """The parity policy's engine settings with a context of `_engine_len` and one-row prefill."""
+        import dataclasses
+        return dataclasses.replace(ParityPolicy.engine_config(cfg), max_len=_engine_len(cfg),
+                                   prefill_batch=1)
 
     def rpc(self, method: str, args: tuple, kwargs: dict):
         if method == "submit":

@@ -88,22 +88,26 @@ class ParityPolicy:
     """The engine as a policy server; `rpc("generate", ids, params)` -> completion fields."""
 
     def __init__(self, cfg, model=None):
-        from composer_jax.inference.config import EngineConfig
         from composer_jax.inference.engine import Engine
         from composer_jax.model import init_model
-        rl = cfg.rl
         model = (init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
                  if model is None else model)
-        rows = max(rl.num_rollout_workers, 1)
-        self.engine = Engine.from_model(model, EngineConfig(
-            max_batch=rows, max_len=rl.seq_len, capture_router=rl.router_replay,
-            prefill_batch=rows, seed=cfg.seed), version=-1).start()
+        self.engine = Engine.from_model(model, self.engine_config(cfg), version=-1).start()
         self.version = -1
         self._lock = threading.Lock()
         self._inflight = 0
         self._busy_since = None
         self.busy_s = 0.0
         self.t0 = time.monotonic()
+
+    @staticmethod
+    def engine_config(cfg):
+        """The engine's settings: one decode slot per rollout worker, rows of rl.seq_len, and
+        prefill in calls of up to that many rows (single-turn parity prompts arrive together)."""
+        from composer_jax.inference.config import EngineConfig
+        rows = max(cfg.rl.num_rollout_workers, 1)
+        return EngineConfig(max_batch=rows, max_len=cfg.rl.seq_len,
+                            capture_router=cfg.rl.router_replay, prefill_batch=rows, seed=cfg.seed)
 
     def load_from(self, store, version: int) -> None:
         from composer_jax.rl.weights.engine_sync import fetch_state
