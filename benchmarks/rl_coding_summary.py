@@ -44,15 +44,11 @@ def load_run(workdir: pathlib.Path):
     """`(episodes by version, eval rows)`: {version: [Rollout, ...]} from the consumed log, and
     the metrics.jsonl rows that carry `eval_resolved_rate`."""
     from composer_jax.rl.rollout import Rollout
-    rdir = workdir / "rollouts"
-    by_version: dict[int, list] = {}
-    for line in (rdir / "consumed.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        eps = []
-        for rid in row["rollout_ids"]:
-            group = rid.rsplit("-", 1)[0]
-            eps.append(Rollout.load(rdir / group / f"{rid}.rollout"))
-        by_version[int(row["version"])] = eps
+    from composer_jax.rl.stream import RolloutLog, group_of
+    log = RolloutLog(workdir / "rollouts")
+    by_version = {int(row["version"]): [Rollout.load(log.record_path(group_of(rid), rid))
+                                        for rid in row["rollout_ids"]]
+                  for row in log.consumed_rows()}
     evals = []
     if (workdir / "metrics.jsonl").exists():
         for line in (workdir / "metrics.jsonl").read_text().splitlines():

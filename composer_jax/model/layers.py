@@ -144,10 +144,16 @@ def _cpu_matmul_bwd(res, dy):
 cpu_matmul.defvjp(_cpu_matmul_fwd, _cpu_matmul_bwd)
 
 
+def cpu_without_mesh() -> bool:
+    """True on the CPU backend without a parallel context (one device, no mesh): where the CPU
+    fast paths (`cpu_matmul`, `attention.attend_cpu`, unrolled layer scans) apply."""
+    return jax.default_backend() == "cpu" and current() is None
+
+
 def use_cpu_matmul(dtype) -> bool:
-    """Whether `linear` runs its plain matmuls through `cpu_matmul`: float32 compute on the CPU
-    backend without a parallel context (one device, no mesh; as `train.losses.fused_head_ce`)."""
-    return jnp.dtype(dtype) == jnp.float32 and jax.default_backend() == "cpu" and current() is None
+    """Whether `linear` runs its plain matmuls through `cpu_matmul`: float32 compute where
+    `cpu_without_mesh` (as `train.losses.fused_head_ce`)."""
+    return jnp.dtype(dtype) == jnp.float32 and cpu_without_mesh()
 
 
 def linear(x: jax.Array, w: jax.Array, ctx: Ctx, spec: str = "...d,df->...f") -> jax.Array:

@@ -29,9 +29,10 @@ from flax import nnx, struct
 
 from composer_jax.config import ExecutionConfig, ModelConfig, Remat
 from composer_jax.model.attention import MLA
-from composer_jax.model.layers import MLP, Ctx, ParamInit, RMSNorm, linear, make_param
+from composer_jax.model.layers import (MLP, Ctx, ParamInit, RMSNorm, cpu_without_mesh, linear,
+                                      make_param)
 from composer_jax.model.moe import MoE
-from composer_jax.parallel.sharding import compute_value, current, gather_for_compute, shard
+from composer_jax.parallel.sharding import compute_value, gather_for_compute, shard
 
 
 @struct.dataclass
@@ -92,7 +93,7 @@ def _remat(fn, policy: Remat):
 
 def unroll_layer_scans() -> bool:
     """Whether the training forward's layer scans (`scan_blocks`, `MTPLayers`) run fully unrolled:
-    on the CPU backend without a parallel context (one device, no mesh).
+    where `layers.cpu_without_mesh` (one CPU device, no mesh).
 
     Differentiating a scan makes its forward stack every per-layer residual the backward reads into
     [L, ...] buffers; XLA:CPU zero-fills those buffers, writes them layer by layer
@@ -101,7 +102,7 @@ def unroll_layer_scans() -> bool:
     loop), each layer's residuals are plain buffers. Same operations, bitwise-equal results (the
     train step's metrics were checked); compile time grows with the number of layers. On a mesh
     (and so in the planner's memory figures) nothing changes."""
-    return jax.default_backend() == "cpu" and current() is None
+    return cpu_without_mesh()
 
 
 def drive_layers(blocks: Block, x, ctx: Ctx, layer_fn, xs=None, first_layer: int = 0,

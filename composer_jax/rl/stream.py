@@ -71,7 +71,11 @@ class RolloutLog:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def path(self, rollout: Rollout) -> pathlib.Path:
-        return self.root / rollout.group_id / (rollout.rollout_id + ROLLOUT_SUFFIX)
+        return self.record_path(rollout.group_id, rollout.rollout_id)
+
+    def record_path(self, group_id: str, rid: str) -> pathlib.Path:
+        """Where the record of rollout `rid` of group `group_id` is (or will be) written."""
+        return self.root / group_id / (rid + ROLLOUT_SUFFIX)
 
     def write(self, rollout: Rollout) -> pathlib.Path:
         """Writes one finished rollout atomically (and durably) before anything else sees it."""
@@ -153,6 +157,12 @@ class Group:
 
     def ordered(self) -> list[Rollout]:
         return [self.rollouts[i] for i in sorted(self.rollouts)]
+
+
+def group_of(rid: str) -> str:
+    """The group id of a rollout id made by `rollout_id`."""
+    sample_index(rid)                      # validates the form
+    return rid.rsplit("-s", 1)[0]
 
 
 def sample_index(rid: str) -> int:

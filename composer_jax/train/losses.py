@@ -213,41 +213,42 @@ def _fused_fwd(h, w, targets, mask, dtype, z_coef, tile):
     # none for a transposed lhs folded into the dot (UNIMPLEMENTED in DotThunk)
     hc_t = jax.lax.optimization_barrier(hc.T)
     tiles = w.shape[1] // tile
-    if n * w.shape[1] <= FUSED_STORE_ELEMENTS:
-        # Small head: the same tiles, unrolled, each tile's logits kept from the logsumexp pass
-        # for the gradient pass (the same values the scan below recomputes: bitwise-equal results).
-        carry, lgs, wjs = _online_lse_init(n), [], []
+    # Small head: the same tiles, unrolled, each tile's logits (and weight slice) kept from the
+    # logsumexp pass for the gradient pass (the values the scan below recomputes: bitwise equal).
+    kept = [] if n * w.shape[1] <= FUSED_STORE_ELEMENTS else None
+    if kept is not None:
+        carry = _online_lse_init(n)
         for j in range(tiles):
             lg, wj = _tile_logits(hc, w, j, tile, dtype)
             carry = _online_lse_step(carry, lg, targets, j * tile)
-            lgs.append(lg)
-            wjs.append(wj)
+            kept.append((lg, wj))
         m, s, picked = carry
         lse = m + jnp.log(s)
-        ce, z = _sums(lse, picked, mask)
-        scale = (1.0 + 2.0 * z_coef * lse)[:, None]
-        dh = jnp.zeros((n, d), jnp.float32)
-        dws = []
-        for j in range(tiles):
-            dl = _dlogits(lgs[j], lse, scale, targets, mask, j * tile, dtype)
-            dh = dh + jnp.dot(dl, wjs[j].T, preferred_element_type=jnp.float32)
-            dws.append(jnp.dot(hc_t, dl, preferred_element_type=jnp.float32))
-        dw = jnp.concatenate(dws, axis=1)
     else:
         lse, picked = _lse_and_picked(hc, w, targets, tile, dtype)
-        ce, z = _sums(lse, picked, mask)
-        scale = (1.0 + 2.0 * z_coef * lse)[:, None]
+    ce, z = _sums(lse, picked, mask)
+    scale = (1.0 + 2.0 * z_coef * lse)[:, None]
 
+    def grads(dh, lg, wj, j):
+        """Adds tile j's share to dh; returns (dh, the tile's weight-gradient columns)."""
+        dl = _dlogits(lg, lse, scale, targets, mask, j * tile, dtype)
+        dh = dh + jnp.dot(dl, wj.T, preferred_element_type=jnp.float32)
+        return dh, jnp.dot(hc_t, dl, preferred_element_type=jnp.float32)
+
+    dh = jnp.zeros((n, d), jnp.float32)
+    if kept is not None:
+        dws = []
+        for j, (lg, wj) in enumerate(kept):
+            dh, dwj = grads(dh, lg, wj, j)
+            dws.append(dwj)
+        dw = jnp.concatenate(dws, axis=1)
+    else:
         def body(carry, j):
             dh, dw = carry
-            lg, wj = _tile_logits(hc, w, j, tile, dtype)
-            dl = _dlogits(lg, lse, scale, targets, mask, j * tile, dtype)
-            dh = dh + jnp.dot(dl, wj.T, preferred_element_type=jnp.float32)
-            dwj = jnp.dot(hc_t, dl, preferred_element_type=jnp.float32)
+            dh, dwj = grads(dh, *_tile_logits(hc, w, j, tile, dtype), j)
             return (dh, jax.lax.dynamic_update_slice_in_dim(dw, dwj, j * tile, axis=1)), None
 
-        init = (jnp.zeros((n, d), jnp.float32), jnp.zeros(w.shape, jnp.float32))
-        (dh, dw), _ = jax.lax.scan(body, init, jnp.arange(tiles))
+        (dh, dw), _ = jax.lax.scan(body, (dh, jnp.zeros(w.shape, jnp.float32)), jnp.arange(tiles))
     # dtypes travel as empty arrays (residuals must be arrays)
     return (ce + z_coef * z, (ce, z)), (dh, dw, jnp.zeros((0,), h.dtype),
                                         jnp.zeros((0,), w.dtype), targets, mask)

@@ -65,10 +65,8 @@ def test_cpu_matmul_gates():
 def test_fast_paths_off_under_a_parallel_context(monkeypatch):
     """Under a ParallelContext neither the CPU matmul nor the unrolled scans are used."""
     import composer_jax.model.layers as layers_mod
-    import composer_jax.model.transformer as tr_mod
     sentinel = object()
-    monkeypatch.setattr(layers_mod, "current", lambda: sentinel)
-    monkeypatch.setattr(tr_mod, "current", lambda: sentinel)
+    monkeypatch.setattr(layers_mod, "current", lambda: sentinel)   # both gates ask cpu_without_mesh
     assert not layers.use_cpu_matmul(jnp.float32)
     assert not transformer.unroll_layer_scans()
 
