@@ -1,30 +1,33 @@
-"""Grading a workspace against a task by SWE-bench rules, without trusting anything the agent touched.
+"""Grading a workspace against a task: the verdict is computed here, never in a process that runs
+agent code (the argument and its limits: README, "Threat model").
 
 1. Every process of the episode is killed (the persistent shell, background jobs).
-2. The agent's tree is compared with the snapshot (`tamper.collect_changes`): only changes to source
-   files are kept; tests, bytecode, start-up hooks, shadowing modules, symlinks and hard links are
-   dropped, and the changes a fix never needs are reported as tampering.
-3. A fresh copy of the snapshot gets only those changes and is tested in a new sandbox (its own
-   uid; every installed copy of the task's files shows the graded version, so nothing reveals the
-   reference and tests that import the installed module in a subprocess see the graded code) by
-   the isolated runner
-   (`python -I -S -B`), whose per-test outcomes count only from the result line carrying the run's
-   nonce (`tasks/testrun.py`).
-Resolved = every FAIL_TO_PASS and every PASS_TO_PASS test passes, the run is intact and nothing was
-tampered with.
+2. `tamper.collect_changes`: only the agent's versions of the snapshot's own source files are kept
+   (UTF-8, bounded size); tests, new files, bytecode, hooks, links, data files are dropped and
+   logged, not penalised. The token scan of the kept edits is defence in depth.
+3. A fresh copy of the snapshot gets those edits - the tests are the snapshot's - and runs
+   `python -m unittest ID...` in a new sandbox (own uid; installed copies of the task's files
+   show the graded version, except those the test process imports before the tests, which stay
+   the snapshot's), through the graded test process (`graded_unittest.py`), which records what
+   every assertion of the trusted tests compared.
+4. `verdict.judge` decides each test in this process: the parent re-evaluates the recorded
+   assertions itself and requires every assertion site the reference run (reference fix, same
+   tests, no agent code; `graded_run.reference`, cached per task) verified; the child's own
+   status can only lower the verdict.
+Resolved = every FAIL_TO_PASS and PASS_TO_PASS test passes that judgement and nothing was tampered
+with. Tampering = a forged report (the child claims a pass the parent's evaluation refutes, or a
+second record for a test under the run's secret nonce) or a scan finding.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
-import shutil
-import tempfile
 
-from composer_jax.env.sandbox import allocate_uid
-from composer_jax.env.tamper import Changes, Rules, collect_changes, stdlib_module_names
+from composer_jax.env.graded_run import reference, run_files
+from composer_jax.env.tamper import (BudgetExceeded, Budget, Changes, Rules, collect_changes,
+                                     stdlib_module_names)
 from composer_jax.env.tasks.task import Task
-from composer_jax.env.tasks.testrun import TestRun, run_tests
+from composer_jax.env.verdict import judge
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,8 @@ class Grade:
     applied_changes: tuple = ()
     ignored_changes: tuple = ()    # (path, why) pairs the grader did not apply
     detail: str = ""
+    reasons: dict = dataclasses.field(default_factory=dict)   # test id -> why it failed
+    verified_sites: int = 0        # assertion sites the parent evaluated itself
 
     @property
     def f2p_fraction(self) -> float:
@@ -52,68 +57,58 @@ class Grade:
         return sorted(set(self.applied_changes) | {r for r, _ in self.ignored_changes})
 
 
-def _reference(task: Task, solution_dir: pathlib.Path | None) -> dict[str, str]:
+def _reference_texts(task: Task, solution_dir: pathlib.Path | None) -> dict[str, str]:
     if solution_dir is None or not solution_dir.is_dir():
         return {}
     return {r: (solution_dir / r).read_text(encoding="utf-8", errors="replace")
             for r in task.edit_files if (solution_dir / r).is_file()}
 
 
-def apply_changes(snapshot_dir: pathlib.Path, changes: Changes, target: pathlib.Path,
-                  uid: int | None) -> None:
-    """Makes `target` a fresh copy of the snapshot with `changes.applied` (owned by `uid`)."""
-    shutil.copytree(snapshot_dir, target, symlinks=False)
-    for rel, data in changes.applied.items():
-        p = target / rel
-        if data is None:
-            if p.is_file() or p.is_symlink():
-                p.unlink()
-            continue
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        p.write_bytes(data)
-    if uid is not None:
-        for p in [target, *target.rglob("*")]:
-            os.lchown(p, uid, uid)
-
-
-def run_graded_copy(ws, snapshot_dir: pathlib.Path, changes: Changes, test_ids,
-                    timeout_s: float) -> TestRun:
-    """Runs `test_ids` on a fresh snapshot copy with `changes` applied, in a new sandbox."""
-    from composer_jax.env.workspace import scratch_parent
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="cj-grade-", dir=scratch_parent()))
-    os.chmod(tmp, 0o711)
-    sandbox = None
-    try:
-        uid = allocate_uid()
-        apply_changes(pathlib.Path(snapshot_dir), changes, tmp / "ws", uid)
-        sandbox = ws.new_sandbox(tmp / "ws", uid, scratch=tmp / "hidden")
-        return run_tests(sandbox, ws.python.executable, list(test_ids), timeout_s=timeout_s)
-    finally:
-        if sandbox is not None:
-            sandbox.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+def _failed(task: Task, changes: Changes, why: str) -> Grade:
+    return Grade(False, 0, len(task.fail_to_pass), 0, len(task.pass_to_pass), {}, ok=False,
+                 applied_changes=tuple(sorted(changes.applied)), ignored_changes=changes.ignored,
+                 detail=why)
 
 
 def grade_workspace(ws, task: Task, snapshot_dir: pathlib.Path, *,
                     solution_dir: pathlib.Path | None = None) -> Grade:
     """Grades `ws` (see the module docstring). `solution_dir` (default: the `solution/` next to
-    the snapshot, when present) only keeps the tampering scan from flagging code the reference
-    itself contains."""
+    the snapshot) is the reference fix: its run sets which assertion sites each test must reach,
+    and the scan does not flag code it contains."""
     snapshot_dir = pathlib.Path(snapshot_dir)
+    task_dir = snapshot_dir.parent
     if solution_dir is None:
-        solution_dir = snapshot_dir.parent / "solution"
+        solution_dir = task_dir / "solution"
     ws.stop_processes()
     rules = Rules(frozenset(task.test_files), frozenset(task.edit_files),
-                  stdlib_module_names(ws.python.stdlib), _reference(task, pathlib.Path(solution_dir)))
-    changes = collect_changes(ws.root, snapshot_dir, rules)
-    run = run_graded_copy(ws, snapshot_dir, changes, task.test_ids, ws.config.test_timeout_s)
-    tamper = tuple(dict.fromkeys(changes.tamper + run.tamper))
-    f2p = sum(run.passed(t) for t in task.fail_to_pass)
-    p2p = sum(run.passed(t) for t in task.pass_to_pass)
-    resolved = (run.ok and not tamper and f2p == len(task.fail_to_pass)
+                  stdlib_module_names(ws.python.stdlib),
+                  _reference_texts(task, pathlib.Path(solution_dir)))
+    try:
+        changes = collect_changes(ws.root, snapshot_dir, rules, Budget())
+    except BudgetExceeded as exc:
+        return _failed(task, Changes({}, (), ()), f"grading budget exceeded: {exc}")
+    timeout = ws.config.test_timeout_s
+    ref = reference(ws, task, task_dir, timeout) if pathlib.Path(solution_dir) == task_dir / \
+        "solution" else {}
+    run = run_files(ws, task, snapshot_dir, changes.applied, timeout)
+    results, reasons, tamper, verified = {}, {}, list(changes.tamper), 0
+    for tid in task.test_ids:
+        v = judge(run.records.get(tid), ref.get(tid))
+        results[tid] = "pass" if v.passed else "fail"
+        verified += v.verified_sites
+        if not v.passed:
+            reasons[tid] = v.reason
+        if v.forged:
+            tamper.append(f"forged result for {tid}: {v.reason}")
+    if any(n.startswith("two records") for n in run.notes):
+        tamper.append("a second result record under the run's secret nonce")
+    tamper = tuple(dict.fromkeys(tamper))
+    f2p = sum(results[t] == "pass" for t in task.fail_to_pass)
+    p2p = sum(results[t] == "pass" for t in task.pass_to_pass)
+    ok = run.finished
+    resolved = (ok and not tamper and f2p == len(task.fail_to_pass)
                 and p2p == len(task.pass_to_pass))
-    return Grade(resolved, f2p, len(task.fail_to_pass), p2p, len(task.pass_to_pass),
-                 dict(run.results), run.ok, bool(tamper), tamper, tuple(sorted(changes.applied)),
-                 changes.ignored, run.detail[-500:] if not run.ok else "")
+    detail = run.detail[-500:] if not ok else ""
+    return Grade(resolved, f2p, len(task.fail_to_pass), p2p, len(task.pass_to_pass), results, ok,
+                 bool(tamper), tamper, tuple(sorted(changes.applied)), changes.ignored, detail,
+                 reasons, verified)

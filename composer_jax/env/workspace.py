@@ -59,15 +59,16 @@ class Workspace:
         self.num_calls = 0
         self.num_invalid_calls = 0
 
-    def _overlays(self, tree: pathlib.Path | None = None,
-                  scratch: pathlib.Path | None = None) -> tuple[tuple[str, str], ...]:
+    def _overlays(self, tree: pathlib.Path | None = None, scratch: pathlib.Path | None = None,
+                  trusted: frozenset = frozenset()) -> tuple[tuple[str, str], ...]:
         """Binds hiding every mounted copy of the task's reference files (bubblewrap only); each
         copy shows `tree`'s version of the file (default: the snapshot's), or the snapshot's when
-        `tree` lacks it."""
+        `tree` lacks it or the file is in `trusted` (edit files the graded process imports
+        before the tests: those copies must stay the snapshot's)."""
         tree = tree or self.source
         texts = {}
         for r in self.hidden_files:
-            for base in (tree, self.source):
+            for base in ((self.source,) if r in trusted else (tree, self.source)):
                 p = base / r
                 if p.is_file() and not p.is_symlink():
                     texts[r] = p.read_text(encoding="utf-8", errors="replace")
@@ -78,13 +79,17 @@ class Workspace:
         return overlays(texts, roots, scratch or (self._tmp / "hidden"))
 
     def new_sandbox(self, directory: pathlib.Path, uid: int | None, *,
-                    scratch: pathlib.Path | None = None) -> Sandbox:
+                    scratch: pathlib.Path | None = None, trusted: frozenset = frozenset(),
+                    extra_overlays: tuple[tuple[str, str], ...] = ()) -> Sandbox:
         """A sandbox over `directory` with this workspace's interpreter and limits. With `scratch`
         (the grader's sandbox over a fresh snapshot copy), the installed copies of the task's files
         show `directory`'s versions - the code being graded, so tests that start a subprocess
-        importing the installed module see it too - written under `scratch`; without, they show
-        the snapshot's."""
-        ov = self.overlays if scratch is None else self._overlays(directory, scratch)
+        importing the installed module see it too - except those in `trusted`, written under
+        `scratch`; without, they show the snapshot's. `extra_overlays` (host file, sandbox path)
+        are bound too (the graded test process, bubblewrap only)."""
+        ov = self.overlays if scratch is None else self._overlays(directory, scratch, trusted)
+        if self.backend == SandboxBackend.BWRAP:
+            ov = tuple(ov) + tuple(extra_overlays)
         return Sandbox(directory, backend=self.backend, limits=Limits.from_config(self.config),
                        python_prefixes=(self.python.prefix,),
                        extra_ro_binds=self.config.extra_ro_binds, uid=uid, overlays=ov)

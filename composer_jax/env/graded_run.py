@@ -1,0 +1,205 @@
+"""Running a task's tests on a tree through the graded test process, and the reference run cache.
+
+`run_tree(ws, task, tree, ...)` starts a fresh sandbox over `tree` (its own uid) in which
+`python -m unittest ID...` runs `graded_unittest.py` (bound over the interpreter's
+`unittest/__main__.py`), sends it the run's nonce on stdin and returns the records it wrote
+(`verdict.read_records`). `reference(ws, task, task_dir)` is the same run on the snapshot with the
+reference solution applied - no agent code - summarised per test (`verdict.reference_summary`)
+and cached in memory and in `<task_dir>/.grader/` (keyed by everything it depends on).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import secrets
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+
+from composer_jax.env.config import SandboxBackend
+from composer_jax.env.sandbox import allocate_uid
+from composer_jax.env.tasks.task import Task
+from composer_jax.env.verdict import read_records, reference_summary
+
+HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
+OUTPUT_BYTES = 32 << 20
+# What the graded process imports before any test: its own modules and those of `python -m`.
+HARNESS_IMPORTS = ("runpy", "unittest", "unittest.main", "json", "ast", "importlib.machinery",
+                   "importlib.util", "hashlib")
+
+
+@dataclasses.dataclass(frozen=True)
+class GradedRun:
+    """records: test id -> the child's record; finished: it wrote its final line; notes:
+    forgery notes from reading the output; timed_out; duration_s; detail: the output tail when
+    it did not finish."""
+    records: dict
+    finished: bool
+    notes: tuple
+    timed_out: bool
+    duration_s: float
+    detail: str = ""
+
+
+def module_name(rel: str) -> str:
+    """"pkg/tests/test_x.py" -> "pkg.tests.test_x"; "pkg/__init__.py" -> "pkg"."""
+    parts = rel[:-3].split("/") if rel.endswith(".py") else rel.split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+@functools.lru_cache(maxsize=None)
+def _harness_text() -> bytes:
+    return HARNESS.read_bytes()
+
+
+@functools.lru_cache(maxsize=None)
+def imported_before_tests(python_exe: str) -> frozenset:
+    """Files the graded process has imported before the tests (`HARNESS_IMPORTS` with their
+    dependencies), for the task's interpreter."""
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in HARNESS_IMPORTS) +
+            "print('\\n'.join(getattr(m, '__file__', None) or '' for m in list(sys.modules.values())))")
+    try:
+        out = subprocess.run([python_exe, "-I", "-S", "-c", code], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(x for x in out.splitlines() if x)
+
+
+def trusted_edit_files(task: Task, python_exe: str) -> frozenset:
+    """Edit files whose installed copy the graded process imports before the tests."""
+    files = imported_before_tests(python_exe)
+    return frozenset(r for r in task.edit_files if any(f.endswith("/" + r) for f in files))
+
+
+def _staged_harness(scratch: pathlib.Path) -> pathlib.Path:
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chmod(scratch, 0o755)
+    p = scratch / "unittest_main.py"
+    p.write_bytes(_harness_text())
+    os.chmod(p, 0o644)
+    return p
+
+
+def run_tree(ws, task: Task, tree: pathlib.Path, uid, scratch: pathlib.Path,
+             timeout_s: float) -> GradedRun:
+    """Runs the task's tests on `tree` in a fresh sandbox (module docstring)."""
+    harness = _staged_harness(scratch)
+    trusted = trusted_edit_files(task, ws.python.executable)
+    main_py = pathlib.Path(ws.python.stdlib) / "unittest" / "__main__.py"
+    sandbox = ws.new_sandbox(tree, uid, scratch=scratch / "hidden", trusted=trusted,
+                             extra_overlays=((str(harness), str(main_py)),))
+    try:
+        ids = list(task.test_ids)
+        if sandbox.backend == SandboxBackend.BWRAP:
+            exe = "python" if (pathlib.Path(ws.python.prefix) / "bin" / "python").exists() \
+                else ws.python.executable  # what `python` means in the agent's shell
+            argv = [exe, "-m", "unittest", *ids]
+        else:  # no overlays without bubblewrap: the process runs the harness as a script
+            argv = [ws.python.executable, str(harness), *ids]
+        nonce = secrets.token_hex(16)
+        req = json.dumps({"nonce": nonce,
+                          "modules": sorted({module_name(r) for r in task.test_files
+                                             if r.endswith(".py")}),
+                          "edited": sorted({module_name(r) for r in task.edit_files})})
+        r = sandbox.run(" ".join(shlex.quote(a) for a in argv), timeout_s=timeout_s,
+                        max_output_bytes=OUTPUT_BYTES, stdin_data=(req + "\n").encode())
+    finally:
+        sandbox.close()
+    records, finished, notes = read_records(r.output, nonce)
+    return GradedRun(records, finished and not r.timed_out, tuple(dict.fromkeys(notes)),
+                     r.timed_out, r.duration_s,
+                     "" if finished else ("timed out" if r.timed_out else r.output[-2000:]))
+
+
+def copy_tree(snapshot: pathlib.Path, files: dict, target: pathlib.Path, uid) -> None:
+    """`target` = a fresh copy of `snapshot` with `files` (rel -> bytes) written over it."""
+    shutil.copytree(snapshot, target, symlinks=False)
+    for rel, data in files.items():
+        p = target / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    if uid is not None:
+        for p in [target, *target.rglob("*")]:
+            os.lchown(p, uid, uid)
+
+
+def run_files(ws, task: Task, snapshot: pathlib.Path, files: dict, timeout_s: float) -> GradedRun:
+    """`run_tree` on a fresh snapshot copy with `files` applied, in a scratch directory."""
+    from composer_jax.env.workspace import scratch_parent
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="cj-grade-", dir=scratch_parent()))
+    os.chmod(tmp, 0o711)
+    try:
+        uid = allocate_uid()
+        copy_tree(pathlib.Path(snapshot), files, tmp / "ws", uid)
+        return run_tree(ws, task, tmp / "ws", uid, tmp / "scratch", timeout_s)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+_CACHE: dict[str, dict] = {}
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCK = threading.Lock()
+
+
+def _reference_key(ws, task: Task, snapshot: pathlib.Path, solution: dict) -> str:
+    h = hashlib.sha256()
+    for part in (_harness_text(), ws.python.executable.encode(), ws.python.full_version.encode(),
+                 json.dumps(task.test_ids).encode(), ws.backend.value.encode()):
+        h.update(hashlib.sha256(part).digest())
+    for rel in sorted(task.test_files):
+        p = snapshot / rel
+        h.update(rel.encode() + b"\0" + (p.read_bytes() if p.is_file() else b""))
+    for rel in sorted(solution):
+        h.update(rel.encode() + b"\1" + solution[rel])
+    return h.hexdigest()
+
+
+def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> dict:
+    """test id -> `reference_summary` of the reference solution's run (cached; see module doc).
+    Empty when the task has no solution directory."""
+    task_dir = pathlib.Path(task_dir)
+    snapshot, sol_dir = task_dir / "snapshot", task_dir / "solution"
+    solution = {r: (sol_dir / r).read_bytes() for r in task.edit_files if (sol_dir / r).is_file()}
+    if not solution:
+        return {}
+    key = _reference_key(ws, task, snapshot, solution)
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key in _CACHE:
+            return _CACHE[key]
+        path = task_dir / ".grader" / f"reference-{key[:32]}.json"
+        summary = None
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+        if not isinstance(summary, dict):
+            run = run_files(ws, task, snapshot, solution, timeout_s)
+            summary = {t: reference_summary(run.records.get(t)) for t in task.test_ids}
+            if run.finished:
+                _store(path, summary)
+        _CACHE[key] = summary
+        return summary
+
+
+def _store(path: pathlib.Path, summary: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name)
+        with os.fdopen(fd, "w") as f:
+            json.dump(summary, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only pool: the in-memory cache still holds it

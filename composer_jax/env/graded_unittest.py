@@ -1,0 +1,353 @@
+"""The graded test process: `python -m unittest ID...`, run by the grader in a fresh sandbox.
+
+The grader binds this file over the task interpreter's `unittest/__main__.py` (bubblewrap), so the
+graded process has the argv, flags, environment, paths and working directory of the agent's own
+`python -m unittest ID...` (on the fallback backend it runs as a script). It runs on every
+CPython >= 3.8 and imports nothing from composer_jax.
+
+This process runs the agent's code, so NOTHING it reports is trusted by itself. What it does:
+  1. Reads one JSON line from stdin ({"nonce", "modules": test module names, "edited": module names
+     of the edited files}), then puts /dev/null on fd 0 (as the agent's shell does).
+  2. Compiles the task's test modules (trusted: restored from the snapshot) through its own import
+     hook, with every assertion instrumented (`instrument`): `self.assertX(a, b, ...)` records the
+     method name and *canonical values* of its arguments before the call, `assert e` records e,
+     `assertRaises` (call and `with` forms) records the expected exception and what the code under
+     test actually raised. Canonical values (`canon`) are built from exact builtin types only, by
+     code that never calls a method of an object the agent's code could define; anything else is
+     recorded as opaque (only its type name).
+  3. Runs the named tests with unittest's text runner (output as `python -m unittest` gives) and,
+     after each test, writes one line `@@CJ_OBS@@<nonce>:{"id", "status", "obs", "truncated"}`.
+The parent (`composer_jax.env.verdict`) re-evaluates every recorded assertion itself and demands
+that each assertion site the trusted reference run verified was reached and passed; the child's
+"status" only ever lowers a verdict (see the README's threat model).
+"""
+import os
+import sys
+
+MARK = "@@CJ_OBS@@"
+MAX_OBS = 4000          # observations kept per test (more: "truncated")
+MAX_NODES = 4000        # nodes of one canonical value (more: opaque)
+MAX_STR = 4096          # longer strings/bytes are recorded by length and digest (equality only)
+ASSERTS = frozenset("""assertEqual assertEquals assertNotEqual assertNotEquals assertTrue
+assertFalse assertIs assertIsNot assertIsNone assertIsNotNone assertIn assertNotIn assertLess
+assertLessEqual assertGreater assertGreaterEqual assertAlmostEqual assertAlmostEquals
+assertNotAlmostEqual assertCountEqual assertListEqual assertTupleEqual assertDictEqual
+assertSetEqual assertSequenceEqual assertMultiLineEqual assertIsInstance assertNotIsInstance
+assertRegex assertNotRegex assertRegexpMatches failUnless failIf failUnlessEqual assert_
+failIfEqual""".split())
+RAISES = frozenset({"assertRaises", "assertRaisesRegex", "assertRaisesRegexp", "failUnlessRaises"})
+# Modules never re-imported from the workspace (the interpreter itself depends on them).
+KEEP = frozenset({"os", "sys", "io", "abc", "codecs", "encodings", "site", "stat", "posixpath",
+                  "genericpath", "_collections_abc", "types", "builtins", "unittest"})
+
+
+def _name_of(cls):
+    """"module.qualname" of a class, read without calling anything the class may override."""
+    try:
+        d = type.__dict__
+        mod = d["__module__"].__get__(cls)
+        qual = d["__qualname__"].__get__(cls)
+    except Exception:
+        return "?"
+    return "%s.%s" % (mod if type(mod) is str else "?", qual if type(qual) is str else "?")
+
+
+def _mro_names(cls):
+    try:
+        return [_name_of(c) for c in type.__dict__["__mro__"].__get__(cls)]
+    except Exception:
+        return []
+
+
+def canon(x, _budget=None):
+    """A JSON-able tagged form of `x` built from exact builtin types only (see module doc)."""
+    budget = [MAX_NODES] if _budget is None else _budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        return ["o", "<too large>"]
+    t = type(x)
+    if x is None:
+        return ["N"]
+    if t is bool:
+        return ["B", x]
+    if t is int:
+        if int.bit_length(x) > 4000:
+            return ["o", "int"]
+        return ["i", int.__repr__(x)]
+    if t is float:
+        return ["f", float.__repr__(x)]
+    if t is complex:
+        return ["c", complex.__repr__(x)]
+    if t is str:
+        if str.__len__(x) > MAX_STR:
+            return ["H", _digest(str.encode(x, "utf-8", "surrogatepass")), str.__len__(x)]
+        return ["s", x]
+    if t is bytes or t is bytearray:
+        b = bytes(x) if t is bytearray else x
+        tag = "y" if t is bytes else "Y"
+        if bytes.__len__(b) > MAX_STR:
+            return ["H" + tag, _digest(b), bytes.__len__(b)]
+        return [tag, bytes.hex(b)]
+    if t is list or t is tuple:
+        return ["l" if t is list else "t", [canon(e, budget) for e in (list.__iter__(x) if t is list
+                                                                      else tuple.__iter__(x))]]
+    if t is dict:
+        return ["d", [[canon(k, budget), canon(v, budget)] for k, v in dict.items(x)]]
+    if t is set or t is frozenset:
+        return ["S" if t is set else "F", [canon(e, budget) for e in
+                                           (set.__iter__(x) if t is set else frozenset.__iter__(x))]]
+    if t is type:
+        return ["T", _name_of(x)]
+    return ["o", _name_of(t)]
+
+
+def _digest(b):
+    import hashlib
+    return hashlib.sha256(b).hexdigest()
+
+
+class Recorder:
+    """Collects the current test's observations (the instrumented tests call it)."""
+
+    def __init__(self):
+        self.current = None
+        self.obs = []
+        self.truncated = False
+
+    def _add(self, item):
+        if self.current is None:
+            return
+        if len(self.obs) >= MAX_OBS:
+            self.truncated = True
+            return
+        self.obs.append(item)
+
+    def a(self, site, name, fn, *args, **kw):
+        """An assertion call: records canonical arguments, then calls the method."""
+        try:
+            if name in ("assertIsInstance", "assertNotIsInstance") and len(args) >= 2:
+                cls = args[1]
+                want = [_name_of(c) for c in (cls if type(cls) is tuple else (cls,))]
+                self._add(["i", site, name, _mro_names(type(args[0])), want])
+            else:
+                extra = {k: canon(kw[k]) for k in ("places", "delta") if k in kw}
+                self._add(["a", site, name, [canon(v) for v in args[:3]], extra])
+        except Exception:
+            self._add(["a", site, name, [["o", "?"]], {}])
+        return fn(*args, **kw)
+
+    def t(self, site, value):
+        """An `assert` statement's condition."""
+        self._add(["t", site, canon(value)])
+        return value
+
+    def exp(self, site, exc):
+        """The exception an assertRaises expects (a class or a tuple of classes)."""
+        self._add(["e", site, [_name_of(c) for c in (exc if type(exc) is tuple else (exc,))]])
+        return exc
+
+    def raised(self, site, exc):
+        """What the guarded code raised (None: it returned normally)."""
+        self._add(["r", site, None if exc is None else _mro_names(type(exc))])
+
+    def call(self, site, fn):
+        """Wraps the callable of `assertRaises(E, fn, ...)` to record what it raises."""
+        rec = self
+
+        def guarded(*args, **kw):
+            try:
+                out = fn(*args, **kw)
+            except BaseException as e:
+                rec.raised(site, e)
+                raise
+            rec.raised(site, None)
+            return out
+        return guarded
+
+
+def instrument(tree, rec_name):
+    """Rewrites a test module's AST in place (see module doc); original line numbers are kept."""
+    import ast
+
+    counter = [0]
+
+    def site():
+        counter[0] += 1
+        return ast.Constant(counter[0])
+
+    def rec(attr):
+        return ast.Attribute(ast.Name(rec_name, ast.Load()), attr, ast.Load())
+
+    class T(ast.NodeTransformer):
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            f = node.func
+            if not isinstance(f, ast.Attribute) or any(isinstance(a, ast.Starred) for a in node.args):
+                return node
+            if f.attr in ASSERTS:
+                new = ast.Call(rec("a"), [site(), ast.Constant(f.attr), f] + node.args,
+                               node.keywords)
+                return ast.copy_location(new, node)
+            if f.attr in RAISES and len(node.args) >= 1:
+                s = site()
+                node.args[0] = ast.copy_location(ast.Call(rec("exp"), [s, node.args[0]], []),
+                                                 node.args[0])
+                k = 2 if f.attr != "assertRaises" and f.attr != "failUnlessRaises" else 1
+                if len(node.args) > k:
+                    node.args[k] = ast.copy_location(
+                        ast.Call(rec("call"), [ast.Constant(s.value), node.args[k]], []),
+                        node.args[k])
+            return node
+
+        def visit_Assert(self, node):
+            self.generic_visit(node)
+            node.test = ast.copy_location(ast.Call(rec("t"), [site(), node.test], []), node.test)
+            return node
+
+        def _with(self, node):
+            self.generic_visit(node)
+            if len(node.items) != 1:
+                return node
+            call = node.items[0].context_expr
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr in RAISES and len(call.args) >= 1
+                    and isinstance(call.args[0], ast.Call)):
+                return node
+            s = call.args[0].args[0].value  # the site visit_Call gave the expected exception
+            name = "_cj_e%d" % s
+            handler = ast.ExceptHandler(
+                ast.Name("BaseException", ast.Load()), name,
+                [ast.Expr(ast.Call(rec("raised"), [ast.Constant(s), ast.Name(name, ast.Load())],
+                                   [])), ast.Raise()])
+            orelse = [ast.Expr(ast.Call(rec("raised"), [ast.Constant(s), ast.Constant(None)], []))]
+            guard = ast.Try(node.body, [handler], orelse, [])
+            node.body = [ast.copy_location(guard, node.body[0])]
+            return node
+
+        visit_With = _with
+        visit_AsyncWith = _with
+
+    T().visit(tree)
+    ast.fix_missing_locations(tree)
+    return tree
+
+
+def _install_hook(modules, rec, rec_name):
+    """An import hook compiling the named test modules with `instrument`."""
+    import ast
+    import importlib.machinery
+
+    class Loader(importlib.machinery.SourceFileLoader):
+        def get_code(self, fullname):
+            source = self.get_data(self.path)
+            try:
+                tree = instrument(ast.parse(source, self.path), rec_name)
+            except (SyntaxError, RecursionError, ValueError, MemoryError):
+                return super().get_code(fullname)
+            return compile(tree, self.path, "exec", dont_inherit=True)
+
+        def exec_module(self, module):
+            module.__dict__[rec_name] = rec
+            importlib.machinery.SourceFileLoader.exec_module(self, module)
+
+    class Finder:
+        @classmethod
+        def find_spec(cls, fullname, path=None, target=None):
+            if fullname not in modules:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or not str(spec.origin or "").endswith(".py"):
+                return spec
+            spec.loader = Loader(fullname, spec.origin)
+            spec.cached = None
+            return spec
+
+    sys.meta_path.insert(0, Finder)
+
+
+def main():
+    import json
+    line = sys.stdin.readline()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    req = json.loads(line)
+    nonce = str(req["nonce"])
+    names = sys.argv[1:]
+    sys.argv[0] = "python -m unittest"
+    import unittest
+
+    out = os.dup(1)
+    rec = Recorder()
+    rec_name = "_cj%s" % os.urandom(4).hex()
+    _install_hook(frozenset(req.get("modules", ())), rec, rec_name)
+    cwd = os.getcwd()
+    if sys.path[:1] != [cwd]:
+        sys.path.insert(0, cwd)
+    for m in req.get("edited", ()):  # imported before the tests: forget, so they get the workspace's
+        if m in sys.modules and m.split(".")[0] not in KEEP:
+            del sys.modules[m]
+    dumps = json.dumps
+    marker = MARK + nonce + ":"
+
+    def emit(body):
+        data = ("\n" + marker + body + "\n").encode()
+        while data:
+            data = data[os.write(out, data):]
+
+    base = unittest.TextTestResult
+
+    class Result(base):
+        def startTest(self, test):
+            rec.current, rec.obs, rec.truncated = test.id(), [], False
+            self._cj_status = "pass"
+            base.startTest(self, test)
+
+        def _mark(self, status):
+            order = {"pass": 0, "skip": 1, "fail": 2, "error": 3}
+            if order[status] > order.get(getattr(self, "_cj_status", "pass"), 0):
+                self._cj_status = status
+
+        def addFailure(self, test, err):
+            self._mark("fail")
+            base.addFailure(self, test, err)
+
+        def addError(self, test, err):
+            self._mark("error")
+            base.addError(self, test, err)
+
+        def addSkip(self, test, reason):
+            self._mark("skip")
+            base.addSkip(self, test, reason)
+
+        def addUnexpectedSuccess(self, test):
+            self._mark("fail")
+            base.addUnexpectedSuccess(self, test)
+
+        def addSubTest(self, test, subtest, err):
+            if err is not None:
+                self._mark("fail" if issubclass(err[0], test.failureException) else "error")
+            base.addSubTest(self, test, subtest, err)
+
+        def stopTest(self, test):
+            base.stopTest(self, test)
+            emit(dumps({"id": test.id(), "status": self._cj_status, "obs": rec.obs,
+                        "truncated": rec.truncated}))
+            rec.current, rec.obs = None, []
+
+    loader = unittest.defaultTestLoader
+    suite = unittest.TestSuite()
+    for name in names:
+        try:
+            suite.addTest(loader.loadTestsFromName(name))
+        except Exception as exc:  # an unknown id: it gets no record, so the parent fails it
+            sys.stderr.write("cannot load %s: %s\n" % (name, type(exc).__name__))
+    runner = unittest.TextTestRunner(stream=sys.stderr, resultclass=Result)
+    runner.run(suite)
+    emit(dumps({"done": True}))
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
