@@ -25,7 +25,7 @@ import threading
 from composer_jax.env.config import SandboxBackend
 from composer_jax.env.sandbox import allocate_uid
 from composer_jax.env.tasks.task import Task
-from composer_jax.env.verdict import read_records, reference_summary
+from composer_jax.env.verdict import SUMMARY_VERSION, read_records, reference_summary
 
 HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
 OUTPUT_BYTES = 32 << 20
@@ -153,7 +153,8 @@ _LOCK = threading.Lock()
 def _reference_key(ws, task: Task, snapshot: pathlib.Path, solution: dict) -> str:
     h = hashlib.sha256()
     for part in (_harness_text(), ws.python.executable.encode(), ws.python.full_version.encode(),
-                 json.dumps(task.test_ids).encode(), ws.backend.value.encode()):
+                 json.dumps(task.test_ids).encode(), ws.backend.value.encode(),
+                 str(SUMMARY_VERSION).encode()):
         h.update(hashlib.sha256(part).digest())
     for rel in sorted(task.test_files):
         p = snapshot / rel

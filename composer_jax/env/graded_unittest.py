@@ -101,9 +101,37 @@ def canon(x, _budget=None):
     return ["o", _name_of(t)]
 
 
+_SHA256 = []  # bound by `main` before any workspace code runs
+
+
 def _digest(b):
-    import hashlib
-    return hashlib.sha256(b).hexdigest()
+    if not _SHA256:
+        import hashlib
+        _SHA256.append(hashlib.sha256)
+    return _SHA256[0](b).hexdigest()
+
+
+def make_dump(encode_str):
+    """A JSON writer for the records (dict/list/str/int/bool/None), built from builtins and
+    `encode_str` (the C string encoder, bound before workspace code runs) - so patching the json
+    module cannot rewrite what is sent."""
+    def dump(x):
+        t = type(x)
+        if x is None:
+            return "null"
+        if t is bool:
+            return "true" if x else "false"
+        if t is int:
+            return int.__repr__(x)
+        if t is str:
+            return encode_str(x)
+        if t is list or t is tuple:
+            return "[" + ",".join([dump(e) for e in x]) + "]"
+        if t is dict:
+            return "{" + ",".join([encode_str(str(k)) + ":" + dump(v)
+                                   for k, v in dict.items(x)]) + "}"
+        return "null"
+    return dump
 
 
 class Recorder:
@@ -266,7 +294,14 @@ def _install_hook(modules, rec, rec_name):
 
 
 def main():
+    import hashlib
     import json
+    import json.encoder
+    _SHA256.append(hashlib.sha256)
+    encode_str = getattr(json.encoder, "c_encode_basestring_ascii", None) or \
+        json.encoder.encode_basestring_ascii
+    dumps = make_dump(encode_str)
+    write = os.write
     line = sys.stdin.readline()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -274,7 +309,8 @@ def main():
     req = json.loads(line)
     nonce = str(req["nonce"])
     names = sys.argv[1:]
-    sys.argv[0] = "python -m unittest"
+    if sys.argv[0].endswith("__main__.py"):  # what unittest/__main__.py itself does
+        sys.argv[0] = os.path.basename(sys.executable) + " -m unittest"
     import unittest
 
     out = os.dup(1)
@@ -287,13 +323,12 @@ def main():
     for m in req.get("edited", ()):  # imported before the tests: forget, so they get the workspace's
         if m in sys.modules and m.split(".")[0] not in KEEP:
             del sys.modules[m]
-    dumps = json.dumps
     marker = MARK + nonce + ":"
 
     def emit(body):
-        data = ("\n" + marker + body + "\n").encode()
+        data = str.encode("\n" + marker + body + "\n")
         while data:
-            data = data[os.write(out, data):]
+            data = data[write(out, data):]
 
     base = unittest.TextTestResult
 

@@ -46,6 +46,7 @@ class Grade:
     detail: str = ""
     reasons: dict = dataclasses.field(default_factory=dict)   # test id -> why it failed
     verified_sites: int = 0        # assertion sites the parent evaluated itself
+    edited_files: tuple = ()       # snapshot files the agent changed or deleted
 
     @property
     def f2p_fraction(self) -> float:
@@ -53,8 +54,9 @@ class Grade:
 
     @property
     def changed_files(self) -> list[str]:
-        """Every path the agent changed (applied or not)."""
-        return sorted(set(self.applied_changes) | {r for r, _ in self.ignored_changes})
+        """The snapshot's files the agent changed or deleted (applied or not); new files - build
+        artefacts, venvs, backups, scratch scripts - are not edits (`ignored_changes` lists them)."""
+        return sorted(set(self.applied_changes) | set(self.edited_files))
 
 
 def _reference_texts(task: Task, solution_dir: pathlib.Path | None) -> dict[str, str]:
@@ -67,7 +69,7 @@ def _reference_texts(task: Task, solution_dir: pathlib.Path | None) -> dict[str,
 def _failed(task: Task, changes: Changes, why: str) -> Grade:
     return Grade(False, 0, len(task.fail_to_pass), 0, len(task.pass_to_pass), {}, ok=False,
                  applied_changes=tuple(sorted(changes.applied)), ignored_changes=changes.ignored,
-                 detail=why)
+                 detail=why, edited_files=changes.edited)
 
 
 def grade_workspace(ws, task: Task, snapshot_dir: pathlib.Path, *,
@@ -111,4 +113,4 @@ def grade_workspace(ws, task: Task, snapshot_dir: pathlib.Path, *,
     detail = run.detail[-500:] if not ok else ""
     return Grade(resolved, f2p, len(task.fail_to_pass), p2p, len(task.pass_to_pass), results, ok,
                  bool(tamper), tamper, tuple(sorted(changes.applied)), changes.ignored, detail,
-                 reasons, verified)
+                 reasons, verified, changes.edited)

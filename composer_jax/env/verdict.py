@@ -20,6 +20,7 @@ import json
 import re
 
 MARK = "@@CJ_OBS@@"
+SUMMARY_VERSION = 2   # bump when `reference_summary` changes (cached summaries are keyed by it)
 REGEX_TEXT_LIMIT = 1 << 16
 
 
@@ -214,10 +215,19 @@ def _check(name: str, args: list, extra: dict) -> bool:
     raise _Unverifiable
 
 
-def evaluate(obs: list) -> tuple[dict, int]:
-    """({site: True if every verifiable evaluation there passed, else False}, unverifiable count)
-    for one test's observations."""
+def _method(item) -> str:
+    """What an observation checks at its site: the assertion method, "assert" or "raises"."""
+    kind = item[0]
+    if kind in ("a", "i"):
+        return str(item[2])
+    return {"t": "assert", "e": "raises", "r": "raises"}.get(kind, "?")
+
+
+def evaluate(obs: list) -> tuple[dict, dict, int]:
+    """({site: True if every verifiable evaluation there passed, else False}, {site: what it
+    checks}, unverifiable count) for one test's observations."""
     sites: dict[int, bool] = {}
+    methods: dict[int, str] = {}
     pending: dict[int, list] = {}
     unverifiable = 0
 
@@ -227,6 +237,10 @@ def evaluate(obs: list) -> tuple[dict, int]:
     for item in obs:
         try:
             kind, site = item[0], int(item[1])
+            m = _method(item)
+            if methods.setdefault(site, m) != m:
+                put(site, False)  # one site cannot check two different things
+                continue
             if kind == "a":
                 args = [decode(c) for c in item[3]]
                 extra = {k: decode(v) for k, v in dict(item[4]).items()}
@@ -251,7 +265,7 @@ def evaluate(obs: list) -> tuple[dict, int]:
         except (TypeError, ValueError, IndexError, KeyError, OverflowError, RecursionError,
                 re.error, ArithmeticError):
             unverifiable += 1
-    return sites, unverifiable
+    return sites, methods, unverifiable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,13 +278,14 @@ class TestVerdict:
 
 def reference_summary(record: dict | None) -> dict:
     """What a reference run's record requires of a candidate: the sites it verified passing
-    ("sites") and those whose evaluation fails even on the reference ("exempt", e.g. a test that
-    checks an assertion fails)."""
+    ("sites"), those whose evaluation fails even on the reference ("exempt", e.g. a test that
+    checks an assertion fails) and what each site checks ("methods")."""
     if not record:
-        return {"sites": [], "exempt": [], "status": "missing"}
-    sites, _ = evaluate(record.get("obs", []))
+        return {"sites": [], "exempt": [], "methods": {}, "status": "missing"}
+    sites, methods, _ = evaluate(record.get("obs", []))
     return {"sites": sorted(s for s, ok in sites.items() if ok),
             "exempt": sorted(s for s, ok in sites.items() if not ok),
+            "methods": {str(s): m for s, m in sorted(methods.items())},
             "status": record.get("status", "?"), "truncated": bool(record.get("truncated"))}
 
 
@@ -280,8 +295,12 @@ def judge(record: dict | None, reference: dict | None) -> TestVerdict:
         return TestVerdict(False, "no record: the test did not run to its end")
     if record.get("duplicate"):
         return TestVerdict(False, "two records for one test (a forged result)", forged=True)
-    sites, _ = evaluate(record.get("obs", []))
+    sites, methods, _ = evaluate(record.get("obs", []))
     exempt = set((reference or {}).get("exempt", ()))
+    expected = (reference or {}).get("methods", {})
+    for s, m in methods.items():  # a site checks what the reference saw it check
+        if expected.get(str(s), m) != m:
+            sites[s] = False
     failing = sorted(s for s, ok in sites.items() if not ok and s not in exempt)
     claimed = record.get("status") == "pass"
     if failing:

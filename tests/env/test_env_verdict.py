@@ -1,0 +1,187 @@
+"""The grader's parts without a sandbox: canonical values, assertion instrumentation, the parent's
+re-evaluation and verdicts, the applied-changes rules and the token scan."""
+import os
+import time
+import unittest
+
+import pytest
+
+from composer_jax.env import graded_unittest as gu
+from composer_jax.env.tamper import Rules, collect_changes, decode_source, scan_source
+from composer_jax.env.verdict import evaluate, judge, read_records, reference_summary
+
+
+def _obs(name, *args, site=1, **extra):
+    return ["a", site, name, [gu.canon(a) for a in args], {k: gu.canon(v) for k, v in extra.items()}]
+
+
+def test_canon_uses_exact_builtin_types_only():
+    class Liar(str):
+        def __eq__(self, other):
+            return True
+
+        def __repr__(self):
+            return "'expected'"
+    assert gu.canon([1, "a", (2.5, None), {"k": b"x"}, {3}]) == [
+        "l", [["i", "1"], ["s", "a"], ["t", [["f", "2.5"], ["N"]]],
+              ["d", [[["s", "k"], ["y", "78"]]]], ["S", [["i", "3"]]]]]
+    assert gu.canon(Liar("x")) == ["o", f"{__name__}.test_canon_uses_exact_builtin_types_only."
+                                        f"<locals>.Liar"]
+    assert gu.canon(list(range(10 * gu.MAX_NODES)))[1][-1] == ["o", "<too large>"]
+    assert gu.canon("z" * (gu.MAX_STR + 1))[0] == "H"
+
+
+def test_parent_reevaluates_assertions_from_recorded_values():
+    sites, methods, unverifiable = evaluate([
+        _obs("assertEqual", [1, 2], [1, 2], site=1),
+        _obs("assertEqual", "a", "b", site=2),
+        _obs("assertTrue", [], site=3),
+        _obs("assertAlmostEqual", 1.0, 1.0 + 1e-9, site=4),
+        _obs("assertIn", 2, {1: "x", 2: "y"}, site=5),
+        _obs("assertEqual", object(), 1, site=6),          # opaque: not verifiable
+        ["e", 7, ["builtins.ValueError"]], ["r", 7, ["builtins.ValueError", "builtins.Exception"]],
+        ["e", 8, ["builtins.KeyError"]], ["r", 8, None],
+        ["i", 9, "assertIsInstance", ["builtins.bool", "builtins.int"], ["builtins.int"]],
+        ["t", 10, gu.canon(0)]])
+    assert sites == {1: True, 2: False, 3: False, 4: True, 5: True, 7: True, 8: False, 9: True,
+                     10: False}
+    assert unverifiable == 1 and methods[7] == "raises" and methods[1] == "assertEqual"
+
+
+def test_judge_trusts_the_child_only_to_lower_the_verdict():
+    ref = reference_summary({"status": "pass", "obs": [_obs("assertEqual", 1, 1, site=1),
+                                                        _obs("assertTrue", True, site=2)]})
+    good = {"status": "pass", "obs": [_obs("assertEqual", 1, 1, site=1),
+                                      _obs("assertTrue", 5, site=2)]}
+    assert judge(good, ref).passed
+    assert not judge(dict(good, status="fail"), ref).passed
+    lie = {"status": "pass", "obs": [_obs("assertEqual", 1, 2, site=1), _obs("assertTrue", 1, site=2)]}
+    v = judge(lie, ref)
+    assert not v.passed and v.forged
+    skipped = {"status": "pass", "obs": [_obs("assertEqual", 1, 1, site=1)]}
+    v = judge(skipped, ref)
+    assert not v.passed and not v.forged and "not reached" in v.reason
+    swapped = {"status": "pass", "obs": [_obs("assertEqual", 1, 1, site=1),
+                                         _obs("assertEqual", 2, 2, site=2)]}
+    assert not judge(swapped, ref).passed  # site 2 checks assertTrue in the reference
+    assert not judge(None, ref).passed and judge({"duplicate": True}, ref).forged
+    exempt = reference_summary({"status": "pass", "obs": [_obs("assertEqual", 1, 2, site=1)]})
+    assert judge({"status": "pass", "obs": [_obs("assertEqual", 1, 2, site=1)]}, exempt).passed
+
+
+def test_read_records_keeps_only_the_nonce_and_flags_duplicates():
+    text = ("noise\n@@CJ_OBS@@abc:{\"id\": \"t.A.x\", \"status\": \"pass\", \"obs\": []}\n"
+            "@@CJ_OBS@@zzz:{\"id\": \"t.A.y\", \"status\": \"pass\", \"obs\": []}\n"
+            "@@CJ_OBS@@abc:{\"id\": \"t.A.x\", \"status\": \"pass\", \"obs\": []}\n"
+            "@@CJ_OBS@@abc:{\"done\": true}\n")
+    records, done, notes = read_records(text, "abc")
+    assert done and set(records) == {"t.A.x"} and records["t.A.x"] == {"duplicate": True}
+    assert len(notes) == 2
+
+
+SAMPLE_TESTS = '''import unittest
+
+
+class T(unittest.TestCase):
+    def test_a(self):
+        self.assertEqual(sorted([3, 1]), [1, 3])
+        assert len("ab") == 2
+        with self.assertRaises(ValueError):
+            int("x")
+        self.assertRaises(KeyError, {}.__getitem__, 1)
+
+    def test_line(self):
+        import inspect
+        self.assertEqual(inspect.currentframe().f_lineno, 14)
+'''
+
+
+def test_instrumented_tests_record_what_their_assertions_compare(tmp_path, monkeypatch):
+    import ast
+    rec = gu.Recorder()
+    tree = gu.instrument(ast.parse(SAMPLE_TESTS), "_rec")
+    ns = {"_rec": rec, "__name__": "sample"}
+    exec(compile(tree, "sample.py", "exec"), ns)
+    outs = {}
+    for name in ("test_a", "test_line"):
+        rec.current, rec.obs = name, []
+        result = unittest.TestResult()
+        ns["T"](name).run(result)
+        assert result.wasSuccessful(), result.errors + result.failures
+        outs[name] = rec.obs
+    sites, methods, _ = evaluate(outs["test_a"])
+    assert all(sites.values()) and len(sites) == 4
+    assert sorted(methods.values()) == ["assert", "assertEqual", "raises", "raises"]
+    assert evaluate(outs["test_line"])[0] == {5: True}  # line numbers are the source's
+
+
+def test_dump_writes_json_without_the_json_module():
+    import json
+    dump = gu.make_dump(json.encoder.encode_basestring_ascii)
+    rec = {"id": "a.b", "obs": [["a", 1, "assertEqual", [["s", "\u00e9\n"], ["B", True]], {}]],
+           "truncated": False, "n": None}
+    assert json.loads(dump(rec)) == rec
+
+
+def test_scan_reads_tokens_not_text():
+    old = "import os\n\ndef f(x):\n    return x + 1\n"
+    assert scan_source(old, old.replace("x + 1", "x - 1")) == []
+    assert scan_source(old, '"""Mentions unittest, TestCase and os._exit."""\n' + old +
+                       "# sys._getframe in a comment\ns = 'builtins .pth sitecustomize'\n") == []
+    assert len(scan_source(old, old + "os._exit(0)\n")) == 1
+    assert scan_source(old, old + "import \uff55nittest\n")  # NFKC: fullwidth u is u
+    ref = old + "import atexit\n"
+    assert scan_source(old, ref, reference=ref) == [] and scan_source(old, ref) != []
+    big = old + ("y = [" + "1, " * 5000 + "]\n") * 100   # ~1.5 MB
+    t = time.monotonic()
+    assert scan_source(old, big) == []
+    assert time.monotonic() - t < 20
+
+
+def test_only_utf8_sources_are_read():
+    assert decode_source(b"x = 1\n") == "x = 1\n"
+    assert decode_source(b"\xef\xbb\xbfx = 1\n") == "x = 1\n"
+    assert decode_source(b"# coding: latin-1\nx = '\xe9'\n") is None
+    assert decode_source(b"# -*- coding: utf-7 -*-\nx = 1\n") is None
+
+
+def test_collect_changes_applies_only_the_snapshots_sources(tmp_path):
+    snap, ws = tmp_path / "snap", tmp_path / "ws"
+    for root in (snap, ws):
+        (root / "pkg").mkdir(parents=True)
+        (root / "mod.py").write_text("def f():\n    return 1\n")
+        (root / "test_mod.py").write_text("import mod\n")
+        (root / "pkg" / "data.txt").write_text("x\n")
+        (root / "pkg" / "other.py").write_text("Y = 1\n")
+    (ws / "mod.py").write_text("def f():\n    return 2\n")
+    (ws / "test_mod.py").write_text("# gutted\n")
+    (ws / "helper.py").write_text("X = 1\n")
+    (ws / "sitecustomize.py").write_text("pass\n")
+    (ws / "x.pth").write_text("import os\n")
+    (ws / "__pycache__").mkdir()
+    (ws / "__pycache__" / "test_mod.cpython-312.pyc").write_bytes(b"\0" * 16)
+    (ws / "ext.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    os.link(ws / "mod.py", ws / "mod.py.bak")
+    (ws / "pkg" / "data.txt").write_text("y\n")
+    (ws / "pkg" / "other.py").unlink()
+    os.symlink("/etc/passwd", ws / "pkg" / "other.py")
+    rules = Rules(frozenset({"test_mod.py"}), frozenset({"mod.py"}), frozenset(), {})
+    ch = collect_changes(ws, snap, rules)
+    assert ch.applied == {"mod.py": b"def f():\n    return 2\n"} and ch.tamper == ()
+    ignored = dict(ch.ignored)
+    assert ignored["test_mod.py"].startswith("test file") and ignored["x.pth"].startswith(
+        "interpreter") and ignored["ext.cpython-312-x86_64-linux-gnu.so"] == "extension module"
+    assert ignored["pkg/other.py"] == "symlink" and ignored["mod.py.bak"].startswith("new file")
+    assert ignored["pkg/data.txt"] == "not a Python source file"
+    assert set(ch.edited) == {"mod.py", "test_mod.py", "pkg/data.txt", "pkg/other.py"}
+
+
+@pytest.mark.parametrize("size_mb", [3])
+def test_oversized_sources_are_dropped_not_read(tmp_path, size_mb):
+    snap, ws = tmp_path / "snap", tmp_path / "ws"
+    for root in (snap, ws):
+        root.mkdir()
+        (root / "mod.py").write_text("A = 1\n")
+    (ws / "mod.py").write_text("A = 2\n" + "#" * (size_mb << 20))
+    ch = collect_changes(ws, snap, Rules(frozenset(), frozenset({"mod.py"}), frozenset(), {}))
+    assert ch.applied == {} and "larger than" in dict(ch.ignored)["mod.py"]
