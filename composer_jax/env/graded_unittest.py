@@ -98,7 +98,36 @@ def canon(x, _budget=None):
                                            (set.__iter__(x) if t is set else frozenset.__iter__(x))]]
     if t is type:
         return ["T", _name_of(x)]
+    base = _plain_base(t)
+    if base is not None:  # e.g. a namedtuple: its items, as the base type compares them
+        return canon(_AS_BASE[base](x), budget)
     return ["o", _name_of(t)]
+
+
+# How to read a builtin-subclass instance as its exact base type, without calling its methods.
+_AS_BASE = {tuple: lambda x: tuple(tuple.__iter__(x)), list: lambda x: list(list.__iter__(x)),
+            str: lambda x: str.__getitem__(x, slice(None)), int: int.__int__,
+            float: float.__float__, bytes: lambda x: bytes.__getitem__(x, slice(None)),
+            dict: lambda x: dict(dict.items(x)), set: lambda x: set(set.__iter__(x)),
+            frozenset: lambda x: frozenset(frozenset.__iter__(x))}
+
+
+def _plain_base(t):
+    """The builtin base of class `t` when no class between them defines __eq__/__ne__ (then `==`
+    on its instances is the base type's), else None."""
+    try:
+        mro = type.__dict__["__mro__"].__get__(t)
+        get_dict = type.__dict__["__dict__"].__get__
+        for i, c in enumerate(mro):
+            if any(c is b for b in _AS_BASE):
+                for k in mro[:i]:
+                    d = get_dict(k)
+                    if "__eq__" in d or "__ne__" in d:
+                        return None
+                return c
+    except Exception:
+        return None
+    return None
 
 
 _SHA256 = []  # bound by `main` before any workspace code runs

@@ -46,9 +46,13 @@ def test_docstrings_and_comments_that_mention_the_test_machinery(mini_pool):
 
 
 def test_backup_copies_and_hard_links(mini_pool):
-    rel, _, fix = _fix(mini_pool)
+    rel, fixed, fix = _fix(mini_pool)
+    # (the file tools refuse to write through a hard link, so this agent edits with the shell)
     ep = play(mini_pool, [sh(f"ln {rel} {rel}.bak && cp {rel} {rel}.orig && cp {rel} /tmp/x.py"),
-                          fix, sh(f"ln {rel} {rel}.hardlink2")])
+                          ("write_file", {"file_path": "fixed.txt", "contents": fixed}),
+                          sh(f"cat fixed.txt > {rel} && ln {rel} {rel}.hardlink2")])
+    _clean(ep)
+    ep = play(mini_pool, [fix, sh(f"ln {rel} {rel}.bak")])
     _clean(ep)
 
 
