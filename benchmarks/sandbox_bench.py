@@ -14,6 +14,11 @@
    (with the hardened grader: kill the episode's processes, diff against the snapshot, fresh
    snapshot copy with only the source changes, reference copies hidden, isolated runner), in
    `--workers` threads for `--seconds`. Opening the workspace is not timed.
+4. With `--base DIR` (a checkout of an earlier commit, e.g. `git archive <commit> | tar -x -C DIR`):
+   grading throughput side by side - base and this tree alternate `--rounds` times, each in its own
+   process on the same pool, workers and seconds - with the ratio new/base. Each side grades every
+   task once untimed first (the system index, and for this tree the per-task reference run, which
+   is cached), and the one-time reference cost per task is reported on its own.
 Results go to stdout and to `--out` (default benchmarks/results/sandbox_bench.txt).
 """
 from __future__ import annotations
@@ -147,6 +152,75 @@ def bench_grading(pool: TaskPool, seconds: float, workers: int, cfg) -> tuple[in
     return sum(r for r, _ in results), sum(busy) / workers, sum(f for _, f in results)
 
 
+_SIDE = r"""
+import json, sys, time, pathlib
+root = sys.argv[1]
+sys.path[:0] = [root, root + "/benchmarks"]
+import sandbox_bench as sb
+from composer_jax.env.config import EnvConfig
+from composer_jax.env.tasks.pool import TaskPool
+pool = TaskPool(pathlib.Path(sys.argv[2]))
+import dataclasses
+from composer_jax.env.grading import grade_workspace
+from composer_jax.env.workspace import open_workspace
+cfg = dataclasses.replace(EnvConfig(), use_embeddings=False)
+t = time.monotonic()
+for task in pool.tasks():                             # one untimed grading per task (warm-up)
+    d = pool.task_dir(task.task_id)
+    with open_workspace(d / "snapshot", cfg, python_version=task.python_version) as ws:
+        for r in task.edit_files:
+            (ws.root / r).write_text((d / "solution" / r).read_text())
+        grade_workspace(ws, task, d / "snapshot")
+warm = time.monotonic() - t
+n, busy, fails = sb.bench_grading(pool, float(sys.argv[3]), int(sys.argv[4]), EnvConfig())
+print("RESULT " + json.dumps({"gradings": n, "rate": n / busy if busy else 0.0,
+                              "unresolved": fails, "warmup_s": warm}))
+"""
+
+
+def grading_side_by_side(base: str, pool_dir: str, seconds: float, workers: int,
+                         rounds: int) -> list[str]:
+    """Alternates base and this tree's `bench_grading` in fresh processes (module doc, item 4)."""
+    import json
+    import shutil
+    for d in pathlib.Path(pool_dir, "tasks").iterdir():  # no cached reference runs: time them
+        shutil.rmtree(d / ".grader", ignore_errors=True)
+    rows = {"base": [], "new": []}
+    warm = {"base": [], "new": []}
+    for k in range(rounds):  # base first in even rounds, new first in odd ones (load drifts)
+        order = (("base", base), ("new", str(ROOT)))
+        for side, root in (order if k % 2 == 0 else order[::-1]):
+            out = subprocess.run([sys.executable, "-c", _SIDE, root, pool_dir, str(seconds),
+                                  str(workers)], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": root})
+            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+            if not line:
+                raise RuntimeError(f"{side} grading bench failed: {out.stderr[-2000:]}")
+            r = json.loads(line[-1][7:])
+            rows[side].append(r)
+            warm[side].append(r["warmup_s"])
+    n = len(TaskPool(pathlib.Path(pool_dir)))
+    head = "".join(f"  {s} run{i + 1}" for i in range(rounds) for s in ("base", "new"))
+    vals = "".join(f"  {rows['base'][i]['rate']:9.2f}  {rows['new'][i]['rate']:8.2f}"
+                   for i in range(rounds))
+    mb = statistics.mean(r["rate"] for r in rows["base"])
+    mn = statistics.mean(r["rate"] for r in rows["new"])
+    return [
+        f"grading side by side with {base} ({rounds} rounds of {seconds:g} s, order base/new then "
+        f"new/base, "
+        f"{workers} workers, pool {pool_dir}, {n} tasks; gradings/s per worker thread, "
+        f"reference fix):",
+        "                       " + head + "   new/base (mean)",
+        "  grade_workspace/s    " + vals + f"   {mn / mb:.2f}x",
+        f"  unresolved: base {sum(r['unresolved'] for r in rows['base'])}, new "
+        f"{sum(r['unresolved'] for r in rows['new'])}",
+        f"  untimed first pass over the {n} tasks (s): base "
+        + ", ".join(f"{w:.1f}" for w in warm["base"]) + "; new "
+        + ", ".join(f"{w:.1f}" for w in warm["new"])
+        + " (new: the first includes each task's one-time reference run, cached afterwards)",
+    ]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", default="")
@@ -154,7 +228,27 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--startup_runs", type=int, default=200)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sandbox_bench.txt"))
+    ap.add_argument("--base", default="", help="an earlier checkout to compare grading with")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only_grading", action="store_true",
+                    help="with --base: only the side-by-side grading comparison")
     args = ap.parse_args(argv)
+    if args.base and args.only_grading:
+        if not args.pool:
+            ap.error("--only_grading needs --pool")
+        up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        lines = ["composer_jax sandbox benchmark (benchmarks/sandbox_bench.py --base ... "
+                 "--only_grading)",
+                 f"machine: {os.cpu_count()} CPUs, {platform.platform()}",
+                 f"uptime before: {up}"]
+        lines += grading_side_by_side(args.base, args.pool, args.seconds, args.workers,
+                                      args.rounds)
+        lines.append("uptime after: " + subprocess.run(["uptime"], capture_output=True,
+                                                       text=True).stdout.strip())
+        text = "\n".join(lines) + "\n"
+        print(text, end="")
+        pathlib.Path(args.out).write_text(text)
+        return 0
     cfg = EnvConfig()
     backend = resolve_backend(cfg.sandbox_backend)
     if args.pool:

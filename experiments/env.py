@@ -67,7 +67,8 @@ def _check(cfg: Config, workdir: pathlib.Path) -> dict:
     summary = check_pool(cfg.env, pool, workdir)
     print(json.dumps({k: summary[k] for k in ("num_tasks", "kinds", "sources", "oracle_resolved_rate",
                                               "null_resolved_rate", "oracle_tampered",
-                                              "null_tampered", "median_lines_changed",
+                                              "null_tampered", "null_parent_refuted_tasks",
+                                              "null_parent_refuted_f2p", "median_lines_changed",
                                               "seconds")}))
     return summary
 

@@ -5,7 +5,10 @@ tests in the sandbox) and null resolved rate 0 (doing nothing never passes). Wri
 WORKDIR/env_check.json with num_tasks, kinds, versions, sources, oracle_resolved_rate,
 null_resolved_rate, per-kind statistics (`per_kind`: count, median/min/max lines_changed, oracle and
 null resolved rates), `median_lines_changed` (kind -> median), how many episodes the grader flagged
-as tampering (`oracle_tampered`, `null_tampered`: both must be 0), the mean reward components of
+as tampering (`oracle_tampered`, `null_tampered`: both must be 0), how much of the null agent's
+failure the grader's parent refutes by itself (`null_parent_refuted_tasks`: the fraction of tasks
+with a FAIL_TO_PASS test the parent fails on observed values or unreached assertion sites, where a
+forged child report cannot resolve the task; `null_parent_refuted_f2p`: the same per test), the mean reward components of
 each agent and the ids of tasks the oracle failed; per-task lines go to metrics.jsonl and
 transcripts of failures to WORKDIR/transcripts/.
 """
@@ -60,6 +63,12 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
             resolved["null"] += null.grade.resolved
             resolved["oracle_tampered"] += oracle.grade.tampered
             resolved["null_tampered"] += null.grade.tampered
+            refuted = [t for t in task.fail_to_pass
+                       if getattr(null.grade, "reasons", {}).get(t, "").startswith(
+                           "assertion site")]
+            resolved["parent_tasks"] += bool(refuted)
+            resolved["parent_f2p"] += len(refuted)
+            resolved["f2p"] += len(task.fail_to_pass)
             by_kind[task.kind]["oracle"] += oracle.grade.resolved
             by_kind[task.kind]["null"] += null.grade.resolved
             oracle_rewards.append(oracle.reward.as_dict())
@@ -93,6 +102,8 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
         "null_resolved_rate": resolved["null"] / n,
         "oracle_tampered": resolved["oracle_tampered"],
         "null_tampered": resolved["null_tampered"],
+        "null_parent_refuted_tasks": resolved["parent_tasks"] / n,
+        "null_parent_refuted_f2p": resolved["parent_f2p"] / max(resolved["f2p"], 1),
         "median_lines_changed": {k: v["median_lines_changed"] for k, v in per_kind.items()},
         "per_kind": per_kind,
         "oracle_reward": _mean(oracle_rewards),

@@ -31,7 +31,7 @@ HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
 OUTPUT_BYTES = 32 << 20
 # What the graded process imports before any test: its own modules and those of `python -m`.
 HARNESS_IMPORTS = ("runpy", "unittest", "unittest.main", "json", "ast", "importlib.machinery",
-                   "importlib.util", "hashlib")
+                   "importlib.util")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -133,10 +133,20 @@ def _plain_base(t):
 _SHA256 = []  # bound by `main` before any workspace code runs
 
 
+def _sha256_function():
+    """SHA-256 from the interpreter's own C module (cheaper to import than hashlib)."""
+    for name in ("_sha2", "_sha256"):
+        try:
+            return __import__(name).sha256
+        except (ImportError, AttributeError):
+            continue
+    import hashlib
+    return hashlib.sha256
+
+
 def _digest(b):
     if not _SHA256:
-        import hashlib
-        _SHA256.append(hashlib.sha256)
+        _SHA256.append(_sha256_function())
     return _SHA256[0](b).hexdigest()
 
 
@@ -323,10 +333,9 @@ def _install_hook(modules, rec, rec_name):
 
 
 def main():
-    import hashlib
     import json
     import json.encoder
-    _SHA256.append(hashlib.sha256)
+    _SHA256.append(_sha256_function())
     encode_str = getattr(json.encoder, "c_encode_basestring_ascii", None) or \
         json.encoder.encode_basestring_ascii
     dumps = make_dump(encode_str)

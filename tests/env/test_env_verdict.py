@@ -185,3 +185,17 @@ def test_oversized_sources_are_dropped_not_read(tmp_path, size_mb):
     (ws / "mod.py").write_text("A = 2\n" + "#" * (size_mb << 20))
     ch = collect_changes(ws, snap, Rules(frozenset(), frozenset({"mod.py"}), frozenset(), {}))
     assert ch.applied == {} and "larger than" in dict(ch.ignored)["mod.py"]
+
+
+def test_edit_files_the_graded_process_imports_first_stay_the_snapshots():
+    """Agent code must not run before the graded process is set up: an edit file it imports
+    itself (unittest's and json's dependencies) keeps the snapshot's version at its installed
+    path; the tests still import the workspace copy."""
+    import types
+    from composer_jax.env.graded_run import trusted_edit_files
+    from composer_jax.env.pythons import find_pythons
+    py = max(find_pythons().values(), key=lambda p: tuple(map(int, p.version.split("."))))
+    task = types.SimpleNamespace(edit_files=("fnmatch.py", "difflib.py", "graphlib.py",
+                                             "json/decoder.py", "simplejson/decoder.py"))
+    assert trusted_edit_files(task, py.executable) == {"fnmatch.py", "difflib.py",
+                                                       "json/decoder.py"}
