@@ -67,7 +67,7 @@ def imported_before_tests(python_exe: str) -> frozenset:
     code = ("import sys\n" + "".join(f"import {m}\n" for m in HARNESS_IMPORTS) +
             "print('\\n'.join(getattr(m, '__file__', None) or '' for m in list(sys.modules.values())))")
     try:
-        out = subprocess.run([python_exe, "-I", "-S", "-c", code], capture_output=True, text=True,
+        out = subprocess.run([python_exe, "-I", "-c", code], capture_output=True, text=True,
                              timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return frozenset()
@@ -102,7 +102,13 @@ def run_tree(ws, task: Task, tree: pathlib.Path, uid, scratch: pathlib.Path,
         if sandbox.backend == SandboxBackend.BWRAP:
             exe = "python" if (pathlib.Path(ws.python.prefix) / "bin" / "python").exists() \
                 else ws.python.executable  # what `python` means in the agent's shell
-            argv = [exe, "-m", "unittest", *ids]
+            # An edit file that `python -m unittest` imports itself would run agent code before
+            # the graded process is set up (the working directory leads sys.path): then the
+            # working directory is left out at start-up (-P, or -I before 3.11) and the graded
+            # process puts it back once set up - a run distinguishable by sys.flags, the price.
+            safe = ["-P" if tuple(map(int, ws.python.version.split("."))) >= (3, 11) else "-I"] \
+                if trusted else []
+            argv = [exe, *safe, "-m", "unittest", *ids]
         else:  # no overlays without bubblewrap: the process runs the harness as a script
             argv = [ws.python.executable, str(harness), *ids]
         nonce = secrets.token_hex(16)

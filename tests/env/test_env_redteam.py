@@ -345,3 +345,58 @@ def test_oracle_and_null_on_the_attacked_task(mini_pool):
     # the child's word: a forged child report alone cannot resolve the task
     refuted = [t for t in task.fail_to_pass if "reported" not in null.grade.reasons[t]]
     assert len(refuted) >= len(task.fail_to_pass) // 2 >= 1, null.grade.reasons
+
+
+def test_an_edited_module_the_test_runner_imports_runs_only_after_the_graded_process_is_set_up(
+        tmp_path):
+    """`python -m unittest` imports fnmatch itself, from the working directory first: an edited
+    fnmatch.py would run before the recorder exists. The grader starts such runs without the
+    working directory on sys.path, so the agent's copy is imported by the tests, after set-up."""
+    import json
+    import os
+    import shutil
+    from composer_jax.env.config import EnvConfig
+    from composer_jax.env.graded_run import run_tree
+    from composer_jax.env.pythons import find_pythons
+    from composer_jax.env.tasks.task import Task
+    from composer_jax.env.verdict import judge
+    from composer_jax.env.workspace import open_workspace
+    py = max(find_pythons().values(), key=lambda p: tuple(map(int, p.version.split("."))))
+    snap = tmp_path / "snapshot"
+    snap.mkdir()
+    original = pathlib_read(py.stdlib + "/fnmatch.py")
+    (snap / "fnmatch.py").write_text(original)
+    (snap / "test_fn.py").write_text(
+        "import unittest\nimport fnmatch\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_match(self):\n        self.assertTrue(fnmatch.fnmatch('a.py', '*.py'))\n"
+        "        self.assertEqual(fnmatch.filter(['a', 'b.py'], '*.py'), ['b.py'])\n")
+    task = Task("synthetic-fnmatch", "bug", "train", py.version, "fnmatch", "", ("test_fn.T.test_match",),
+                (), ("fnmatch.py",), ("test_fn.py",), "", 1, py.version, py.version)
+    spy = ("\nimport sys as _s, json as _j\n"
+           "_first = getattr(_s.meta_path[0], '__name__', '')\n"
+           "open('/workspace/spy.jsonl', 'a').write(_j.dumps({'first_finder': _first}) + '\\n')\n"
+           "_tc = getattr(__import__('unit' + 'test'), 'Test' + 'Case')\n"
+           "for _n in ('assertTrue', 'assertEqual'):\n"
+           "    setattr(_tc, _n, lambda self, *a, **k: None)\n"
+           "def filter(names, pat):\n    return []\n")
+    tree = tmp_path / "tree"
+    shutil.copytree(snap, tree)
+    (tree / "fnmatch.py").write_text(original + spy)
+    os.chmod(tmp_path, 0o755)
+    cfg = EnvConfig(python_versions=(py.version,), use_embeddings=False)
+    with open_workspace(snap, cfg, python_version=py.version, task=task) as ws:
+        if ws.uid is not None:
+            for p in [tree, *tree.rglob("*")]:
+                os.lchown(p, ws.uid, ws.uid)
+        run = run_tree(ws, task, tree, ws.uid, tmp_path / "scratch", 30)
+    seen = [json.loads(x) for x in (tree / "spy.jsonl").read_text().splitlines()]
+    assert seen and all(s["first_finder"] == "Finder" for s in seen), seen  # set up first
+    record = run.records["test_fn.T.test_match"]
+    assert record["status"] == "pass"               # the child was fooled ...
+    v = judge(record, None)
+    assert not v.passed and v.forged                # ... the parent is not
+
+
+def pathlib_read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
