@@ -1,8 +1,10 @@
 """Running unittest ids in a sandbox with a task's interpreter, and reading back per-test outcomes.
 
-`run_tests` starts a fresh sandbox and interpreter per run (used for grading episodes);
-`TestServer` keeps one warm, sandboxed fork server per scratch directory (used for generation,
-where no agent code runs).
+`run_tests` starts a fresh sandbox and interpreter per run; `TestServer` keeps one warm, sandboxed
+fork server per scratch directory. Both serve task generation and benchmarks, where no agent code
+runs. Episodes are graded differently: the verdict is computed outside the test process from
+recorded assertion values (`composer_jax.env.grading`, `graded_run`, `verdict`); the integrity
+checks below are only a consistency check for generation.
 
 The runner runs isolated (`python -I -S -B`: no start-up hooks, no current directory or PYTHON*
 variables at start, no bytecode written) and answers with one line `@@CJ_RESULTS@@<nonce>:{json}`.
