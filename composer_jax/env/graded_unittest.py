@@ -28,6 +28,8 @@ MARK = "@@CJ_OBS@@"
 MAX_OBS = 4000          # observations kept per test (more: "truncated")
 MAX_NODES = 4000        # nodes of one canonical value (more: opaque)
 MAX_STR = 4096          # longer strings/bytes are recorded by length and digest (equality only)
+TEST_NODES = 200000     # canonical nodes per test (beyond: opaque)
+TEST_CHARS = 1 << 20    # characters of strings/bytes kept per test (beyond: by digest)
 ASSERTS = frozenset("""assertEqual assertEquals assertNotEqual assertNotEquals assertTrue
 assertFalse assertIs assertIsNot assertIsNone assertIsNotNone assertIn assertNotIn assertLess
 assertLessEqual assertGreater assertGreaterEqual assertAlmostEqual assertAlmostEquals
@@ -60,8 +62,9 @@ def _mro_names(cls):
 
 
 def canon(x, _budget=None):
-    """A JSON-able tagged form of `x` built from exact builtin types only (see module doc)."""
-    budget = [MAX_NODES] if _budget is None else _budget
+    """A JSON-able tagged form of `x` built from exact builtin types only (see module doc).
+    `_budget` = [nodes left, characters left] (shared by the nested calls)."""
+    budget = [MAX_NODES, TEST_CHARS] if _budget is None else _budget
     budget[0] -= 1
     if budget[0] < 0:
         return ["o", "<too large>"]
@@ -79,14 +82,18 @@ def canon(x, _budget=None):
     if t is complex:
         return ["c", complex.__repr__(x)]
     if t is str:
-        if str.__len__(x) > MAX_STR:
-            return ["H", _digest(str.encode(x, "utf-8", "surrogatepass")), str.__len__(x)]
+        n = str.__len__(x)
+        if n > MAX_STR or n > budget[1]:
+            return ["H", _digest(str.encode(x, "utf-8", "surrogatepass")), n]
+        budget[1] -= n
         return ["s", x]
     if t is bytes or t is bytearray:
         b = bytes(x) if t is bytearray else x
         tag = "y" if t is bytes else "Y"
-        if bytes.__len__(b) > MAX_STR:
-            return ["H" + tag, _digest(b), bytes.__len__(b)]
+        n = bytes.__len__(b)
+        if n > MAX_STR or 2 * n > budget[1]:
+            return ["H" + tag, _digest(b), n]
+        budget[1] -= 2 * n
         return [tag, bytes.hex(b)]
     if t is list or t is tuple:
         return ["l" if t is list else "t", [canon(e, budget) for e in (list.__iter__(x) if t is list
@@ -180,6 +187,19 @@ class Recorder:
         self.current = None
         self.obs = []
         self.truncated = False
+        self.left = [TEST_NODES, TEST_CHARS]
+
+    def reset(self, test_id):
+        self.current, self.obs, self.truncated = test_id, [], False
+        self.left = [TEST_NODES, TEST_CHARS]
+
+    def _canon(self, value):
+        """`canon` within what is left of this test's budgets."""
+        budget = [min(MAX_NODES, self.left[0]), self.left[1]]
+        start = budget[0]
+        out = canon(value, budget)
+        self.left = [self.left[0] - (start - budget[0]), budget[1]]
+        return out
 
     def _add(self, item):
         if self.current is None:
@@ -197,15 +217,18 @@ class Recorder:
                 want = [_name_of(c) for c in (cls if type(cls) is tuple else (cls,))]
                 self._add(["i", site, name, _mro_names(type(args[0])), want])
             else:
-                extra = {k: canon(kw[k]) for k in ("places", "delta") if k in kw}
-                self._add(["a", site, name, [canon(v) for v in args[:3]], extra])
+                extra = {k: self._canon(kw[k]) for k in ("places", "delta") if k in kw}
+                self._add(["a", site, name, [self._canon(v) for v in args[:3]], extra])
         except Exception:
             self._add(["a", site, name, [["o", "?"]], {}])
         return fn(*args, **kw)
 
     def t(self, site, value):
         """An `assert` statement's condition."""
-        self._add(["t", site, canon(value)])
+        try:
+            self._add(["t", site, self._canon(value)])
+        except Exception:
+            self._add(["t", site, ["o", "?"]])
         return value
 
     def exp(self, site, exc):
@@ -372,7 +395,7 @@ def main():
 
     class Result(base):
         def startTest(self, test):
-            rec.current, rec.obs, rec.truncated = test.id(), [], False
+            rec.reset(test.id())
             self._cj_status = "pass"
             base.startTest(self, test)
 
