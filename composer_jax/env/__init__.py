@@ -7,6 +7,7 @@ Main entry points:
   composer_jax.env.protocol       chat template, special tokens, tool-call parser
   composer_jax.env.episode        the agent <-> tools loop and transcripts
   composer_jax.env.rewards        reward components
+  composer_jax.env.grading        the verdict, computed outside the graded test process
   composer_jax.env.tasks          offline task generation and the task pool
 """
 from composer_jax.env.config import EnvConfig, SandboxBackend, ShellMode, Split

@@ -114,6 +114,21 @@ def test_swallowing_outcomes_in_the_executor_or_the_result_does_not_resolve(mini
     _blocked(_append(mini_pool, via_gc))
 
 
+def test_a_patched_test_loader_serving_fake_tests_under_the_real_ids_does_not_resolve(mini_pool):
+    # the loader instance imports the test module (and so this code) for the first id; every later
+    # id would be answered with an assertion-free test carrying the same id
+    ep = _append(mini_pool, (
+        "\n_u = __import__('unit' + 'test')\n"
+        "_L = getattr(_u, 'default' + 'Test' + 'Loader')\n"
+        "def _fake(name, module=None):\n"
+        "    mod, cls, meth = name.rsplit('.', 2)\n"
+        "    C = type(cls, (getattr(_u, 'Test' + 'Case'),), {meth: lambda self: None,\n"
+        "                                                  '__module__': mod})\n"
+        "    return getattr(_u, 'Test' + 'Suite')([C(meth)])\n"
+        "setattr(_L, 'loadTests' + 'FromName', _fake)\n"))
+    _blocked(ep)
+
+
 def test_rewriting_the_serialised_records_does_not_resolve(mini_pool):
     # the old runner serialised with the json module the code under test can patch
     ep = _append(mini_pool, (
