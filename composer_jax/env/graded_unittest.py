@@ -255,15 +255,16 @@ class Recorder:
         return guarded
 
 
-def instrument(tree, rec_name):
-    """Rewrites a test module's AST in place (see module doc); original line numbers are kept."""
+def instrument(tree, rec_name, prefix=""):
+    """Rewrites a test module's AST in place (see module doc); original line numbers are kept.
+    Sites are numbered in source order, as "<prefix>:<n>" (unique across modules)."""
     import ast
 
     counter = [0]
 
     def site():
         counter[0] += 1
-        return ast.Constant(counter[0])
+        return ast.Constant("%s:%d" % (prefix, counter[0]))
 
     def rec(attr):
         return ast.Attribute(ast.Name(rec_name, ast.Load()), attr, ast.Load())
@@ -304,7 +305,7 @@ def instrument(tree, rec_name):
                     and isinstance(call.args[0], ast.Call)):
                 return node
             s = call.args[0].args[0].value  # the site visit_Call gave the expected exception
-            name = "_cj_e%d" % s
+            name = "_cj_e%d" % counter[0]
             handler = ast.ExceptHandler(
                 ast.Name("BaseException", ast.Load()), name,
                 [ast.Expr(ast.Call(rec("raised"), [ast.Constant(s), ast.Name(name, ast.Load())],
@@ -323,15 +324,17 @@ def instrument(tree, rec_name):
 
 
 def _install_hook(modules, rec, rec_name):
-    """An import hook compiling the named test modules with `instrument`."""
+    """An import hook compiling the named test modules, and the interpreter's own `test` package
+    helpers they use (e.g. test.audiotests; trusted, read-only), with `instrument`."""
     import ast
     import importlib.machinery
+    stdlib_test = os.path.join(os.path.dirname(os.__file__), "test") + os.sep
 
     class Loader(importlib.machinery.SourceFileLoader):
         def get_code(self, fullname):
             source = self.get_data(self.path)
             try:
-                tree = instrument(ast.parse(source, self.path), rec_name)
+                tree = instrument(ast.parse(source, self.path), rec_name, fullname)
             except (SyntaxError, RecursionError, ValueError, MemoryError):
                 return super().get_code(fullname)
             return compile(tree, self.path, "exec", dont_inherit=True)
@@ -343,11 +346,15 @@ def _install_hook(modules, rec, rec_name):
     class Finder:
         @classmethod
         def find_spec(cls, fullname, path=None, target=None):
-            if fullname not in modules:
+            helper = fullname.startswith("test.") and fullname != "test.support" and \
+                not fullname.startswith("test.support.")
+            if fullname not in modules and not helper:
                 return None
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is None or not str(spec.origin or "").endswith(".py"):
                 return spec
+            if helper and not str(spec.origin).startswith(stdlib_test):
+                return None
             spec.loader = Loader(fullname, spec.origin)
             spec.cached = None
             return spec

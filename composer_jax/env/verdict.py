@@ -20,7 +20,7 @@ import json
 import re
 
 MARK = "@@CJ_OBS@@"
-SUMMARY_VERSION = 2   # bump when `reference_summary` changes (cached summaries are keyed by it)
+SUMMARY_VERSION = 3   # bump when `reference_summary` changes (cached summaries are keyed by it)
 REGEX_TEXT_LIMIT = 1 << 16
 
 
@@ -226,9 +226,9 @@ def _method(item) -> str:
 def evaluate(obs: list) -> tuple[dict, dict, int]:
     """({site: True if every verifiable evaluation there passed, else False}, {site: what it
     checks}, unverifiable count) for one test's observations."""
-    sites: dict[int, bool] = {}
-    methods: dict[int, str] = {}
-    pending: dict[int, list] = {}
+    sites: dict[str, bool] = {}
+    methods: dict[str, str] = {}
+    pending: dict[str, list] = {}
     unverifiable = 0
 
     def put(site, ok):
@@ -236,7 +236,7 @@ def evaluate(obs: list) -> tuple[dict, dict, int]:
 
     for item in obs:
         try:
-            kind, site = item[0], int(item[1])
+            kind, site = item[0], str(item[1])
             m = _method(item)
             if methods.setdefault(site, m) != m:
                 put(site, False)  # one site cannot check two different things
