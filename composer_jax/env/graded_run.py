@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import os
 import pathlib
 import secrets
@@ -158,7 +159,8 @@ _LOCK = threading.Lock()
 
 def _reference_key(ws, task: Task, snapshot: pathlib.Path, solution: dict) -> str:
     h = hashlib.sha256()
-    for part in (_harness_text(), ws.python.executable.encode(), ws.python.full_version.encode(),
+    for part in (_harness_text(), task.task_id.encode(), ws.python.executable.encode(),
+                 ws.python.full_version.encode(),
                  json.dumps(task.test_ids).encode(), ws.backend.value.encode(),
                  str(SUMMARY_VERSION).encode()):
         h.update(hashlib.sha256(part).digest())
@@ -196,6 +198,9 @@ def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> dict:
             run = run_files(ws, task, snapshot, solution, timeout_s)
             summary = {t: reference_summary(run.records.get(t)) for t in task.test_ids}
             if not run.finished:  # e.g. timed out on a loaded machine: use it, try again next time
+                logging.getLogger(__name__).warning(
+                    "the reference run of %s did not finish (%s); its assertion sites are not "
+                    "required this time", task.task_id, run.detail[-300:] or "no final line")
                 return summary
             _store(path, summary)
         _CACHE[key] = summary
