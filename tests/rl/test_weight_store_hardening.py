@@ -142,7 +142,7 @@ def test_reader_racing_gc_on_tensorstore_retries(tmp_path):
     for v in range(5, 7):
         p = {"w": _nudge(p["w"], rng)}
         pub.publish(v, p)
-    t.hook = lambda: pub.publish(7, {"w": _nudge(p["w"], rng, 0.5)})
+    t.hook = lambda: [pub.publish(v, {"w": _nudge(p["w"], rng, 0.5)}) for v in (7, 8)]
     with pytest.raises(WeightStoreError, match="garbage-collected") as e:
         WeightReader(t).fetch(6)
     assert not isinstance(e.value, CorruptWeightsError)
@@ -168,7 +168,8 @@ def test_tensorstore_chunk_deleted_mid_read_is_missing_not_zeros(tmp_path):
     with pytest.raises(CorruptWeightsError, match="missing"):
         WeightReader(t).fetch(0)
     # An all-zero region is stored too (missing must never be mistaken for zeros).
-    pub.publish(1, {"w": np.zeros((32, 16), np.float32)})
+    WeightPublisher(t, WeightSyncSettings(chunk_elems=64), process_index=0,
+                    process_count=1).publish(1, {"w": np.zeros((32, 16), np.float32)})
     _assert_version(WeightReader(t).fetch(1), {"w": np.zeros((32, 16), BF16)})
 
 
@@ -197,7 +198,7 @@ def _crashing(base):
 
 
 @pytest.mark.parametrize("transport", list(TRANSPORTS))
-@pytest.mark.parametrize("crash_after", [1, 3])
+@pytest.mark.parametrize("crash_after", [1, 2])
 def test_torn_version_republished_with_another_layout(tmp_path, transport, crash_after):
     rng = np.random.default_rng(3)
     t = (_crashing(MemoryTransport)() if transport == "memory"
