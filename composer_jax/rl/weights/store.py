@@ -124,9 +124,29 @@ def _path_name(path) -> str:
     return "/".join(parts)
 
 
+def _plain_items(tree, prefix: str, out: dict) -> bool:
+    """flatten() without JAX for nests of plain dicts/lists/tuples (same names and order as
+    jax.tree_util); False if the tree holds anything else that JAX might treat as a node."""
+    if type(tree) is dict:
+        items = [(str(k), tree[k]) for k in sorted(tree)]
+    elif type(tree) in (list, tuple):
+        items = [(str(i), x) for i, x in enumerate(tree)]
+    elif tree is None or not hasattr(tree, "dtype"):
+        return False                      # None, custom nodes, Python scalars: let JAX decide
+    else:
+        if prefix in out:
+            raise WeightStoreError(f"two leaves share the name {prefix!r}")
+        out[prefix] = tree
+        return True
+    return all(_plain_items(x, f"{prefix}/{k}" if prefix else k, out) for k, x in items)
+
+
 def flatten(tree) -> dict[str, Any]:
     """{name: leaf} with names = pytree paths joined by '/'. An nnx.State is taken as its pure
-    dict."""
+    dict. Plain nests of dicts/lists of arrays are walked without importing JAX."""
+    plain: dict[str, Any] = {}
+    if type(tree) is dict and _plain_items(tree, "", plain):
+        return plain
     import jax
     if type(tree).__name__ == "State":
         from flax import nnx
