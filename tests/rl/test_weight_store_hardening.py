@@ -300,3 +300,40 @@ def test_corrupt_manifests_raise_the_store_error(tmp_path, transport, what):
     for reader in (live, WeightReader(t)):
         with pytest.raises(CorruptWeightsError):
             reader.fetch(1)
+
+
+class _ProcessShards(FakeSharded):
+    """Process `pi`'s view of a tensor split in n shards: it holds shards pi*k .. pi*k+k-1 with
+    replica_id 0 (the others belong to other processes)."""
+
+    def __init__(self, full, n, pi, per_process):
+        super().__init__(full, n)
+        self.pi, self.k = pi, per_process
+
+    def astype(self, dt):
+        return _ProcessShards(self.full.astype(dt), self.n, self.pi, self.k)
+
+    @property
+    def addressable_shards(self):
+        mine = range(self.pi * self.k, (self.pi + 1) * self.k)
+        return [s for i, s in enumerate(super().addressable_shards) if i in mine]
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_processes_publishing_shards_of_one_tensor_do_not_collide(tmp_path, transport):
+    """Two processes each publish two of the four shards of the same tensor: their chunk keys
+    must differ (they used to be named by the process-local shard number)."""
+    rng = np.random.default_rng(5)
+    t = TRANSPORTS[transport](tmp_path)
+    pubs = [WeightPublisher(t, WeightSyncSettings(full_snapshot_every=3, chunk_elems=64),
+                            process_index=i, process_count=2, barrier=lambda tag: None)
+            for i in range(2)]
+    w = rng.normal(size=(32, 16)).astype(np.float32)
+    live = WeightReader(t, "engine")
+    for v in range(4):
+        if v:
+            w = _nudge(w, rng, 0.2)
+        pubs[1].publish(v, {"w": _ProcessShards(w, 4, 1, 2)})
+        pubs[0].publish(v, {"w": _ProcessShards(w, 4, 0, 2)})
+        _assert_version(live.fetch(v), _shipped({"w": w}))
+        _assert_version(WeightReader(t).fetch(v), _shipped({"w": w}))

@@ -29,9 +29,16 @@ reader assembles whole tensors (numpy, on the host) and places them in its own l
 (engine_sync.py).
 
 Readers: `fetch(v)` moves forward from the version the reader holds by applying the deltas in
-between, or rebuilds from the newest full snapshots at or before v. Garbage collection (run by
-process 0 after each commit): versions older than both the newest snapshot chain and the oldest
-version a registered reader still needs are deleted (torn, uncommitted writes with them).
+between, or rebuilds from the newest full snapshots at or before v (also when a part's layout
+changed: a tensor removed, reshaped or resharded, another process count). Garbage collection (run
+by process 0 after each commit): versions older than both the newest snapshot chain and the oldest
+version a registered reader still needs are deleted (torn, uncommitted writes with them); a new
+publisher first deletes torn versions above the latest committed one (a crashed predecessor's).
+
+Failures: a blob or commit record that disappears while a reader reads it (garbage collection)
+makes the fetch start over from the committed versions; one missing, undecodable or failing its
+checksum while its version is still committed, and any unreadable manifest or commit record,
+raise CorruptWeightsError.
 """
 from __future__ import annotations
 

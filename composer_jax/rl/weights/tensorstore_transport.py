@@ -103,8 +103,14 @@ class TensorStoreTransport(Transport):
         out = {}
         for k in self._kv.list(ts.KvStore.KeyRange("readers/", "readers0")).result():
             r = self._kv.read(k).result()
-            if r.state == "value":
-                out[k.decode()[len("readers/"):-len(".json")]] = json.loads(r.value)["version"]
+            if r.state != "value":
+                continue                          # unregistered while listing
+            try:
+                out[k.decode()[len("readers/"):-len(".json")]] = int(json.loads(r.value)["version"])
+            except (ValueError, KeyError, TypeError):
+                # A damaged position record: ignoring it can only let GC delete versions that
+                # reader holds, which it then rebuilds from the newest snapshot.
+                print(f"warning: unreadable reader record {self.path}{k.decode()}; ignored")
         return out
 
     # ---- full snapshots as zarr3 arrays
