@@ -60,6 +60,9 @@ class _Index:
         for k in [k for k in self.refs if k >= bound]:
             del self.refs[k]
 
+    def keys(self):
+        return sorted(self.refs)
+
     def set_reader(self, name, version):
         self.reader_pos[name] = version
 
