@@ -125,10 +125,12 @@ def _process_fuzz(kind, where, t, tmp_path, rounds, seed, run_s=(0.0, 0.3)):
 
 def _torn(kind, t, tmp_path, latest) -> int:
     """1 if the kill left an uncommitted version above the latest (it landed mid-publish)."""
+    start = -1 if latest is None else latest
     if kind == "tensorstore":
-        start = -1 if latest is None else latest
         return int(any(p.name.startswith("v") and int(p.name[1:]) > start
                        for p in (tmp_path / "store").iterdir()))
+    if kind == "ray":
+        return int(any(int(k[1:13]) > start for k in t._call("keys")))
     return 0
 
 

@@ -386,3 +386,14 @@ def test_processes_publishing_shards_of_one_tensor_do_not_collide(tmp_path, requ
         pubs[0].publish(v, {"w": _ProcessShards(w, 4, 0, 2)})
         _assert_version(live.fetch(v), _shipped({"w": w}))
         _assert_version(WeightReader(t).fetch(v), _shipped({"w": w}))
+
+
+def test_collect_garbage_can_delete_torn_versions_above_the_latest():
+    from composer_jax.rl.weights import collect_garbage
+    t = MemoryTransport()
+    pub = WeightPublisher(t, process_index=0, process_count=1)
+    pub.publish(0, {"w": np.ones(4, np.float32)})
+    t.put_blob("v000000000005/part-00000.json", b"{}")      # a crashed publisher's torn write
+    assert collect_garbage(t) == 0 and "v000000000005/part-00000.json" in t._blobs
+    assert collect_garbage(t, torn=True) == 0 and "v000000000005/part-00000.json" not in t._blobs
+    _assert_version(WeightReader(t).fetch(), {"w": np.ones(4, BF16)})

@@ -204,7 +204,8 @@ def _pool(threads: int):
 
 class WeightPublisher:
     """The trainer side. One per publishing process; keeps the previous version's bit patterns of
-    its own shards (host memory = one inference copy of those shards) as the delta base."""
+    its own shards (host memory = one inference copy of those shards) as the delta base. One
+    publishing job per store at a time: building a publisher deletes uncommitted versions."""
 
     def __init__(self, transport: Transport, settings: WeightSyncSettings = WeightSyncSettings(), *,
                  process_index: int | None = None, process_count: int | None = None,
