@@ -13,8 +13,9 @@ Files (one directory per run):
                                                fsync, rename: a reader never sees half a record)
     rollouts/admitted.jsonl                    one line per started group {"group_id", "task_id",
                                                "index", "time"} (append-only; a torn last line is
-                                               ignored), so a restart knows which episodes were
-                                               running and restarts them
+                                               ignored, and terminated before the next append so
+                                               it never swallows that line), so a restart knows
+                                               which episodes were running and restarts them
     rollouts/consumed.jsonl                    one line per trainer step {"version", "groups",
                                                "rollout_ids"}; the trainer checkpoint is the truth
                                                and a restart truncates this file to it
@@ -124,10 +125,18 @@ class RolloutLog:
 
 
 def _append_line(path: pathlib.Path, row: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Appends one JSON line durably. A torn last line (a run killed mid-append, power loss, a full
+    disk) is first terminated, so it stays one unreadable line and never swallows this one."""
+    line = (json.dumps(row) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_lines(path: pathlib.Path) -> list[dict]:

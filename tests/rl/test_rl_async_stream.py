@@ -105,3 +105,21 @@ def test_driver_learns_and_bounds_staleness(tmp_path, staleness):
         assert key in train[0], key
     assert np.mean([r["reward_mean"] for r in train[-3:]]) > np.mean(
         [r["reward_mean"] for r in train[:3]]) + 0.2
+
+
+@pytest.mark.parametrize("torn", ['{"group_id": "g0000001", "task', "{", "\x00\x00"])
+def test_append_after_a_torn_last_line_keeps_the_next_line(tmp_path, torn):
+    log = RolloutLog(tmp_path)
+    log.append_admitted("g0000000", "t0", 0)
+    with open(tmp_path / "admitted.jsonl", "a") as f:       # power loss mid-append
+        f.write(torn)
+    log.append_admitted("g0000001", "t1", 1)
+    log.append_admitted("g0000002", "t2", 2)
+    assert sorted(log.admitted()) == ["g0000000", "g0000001", "g0000002"]
+    log.append_consumed(1, ["g0000000"], ["g0000000-s000"])
+    with open(tmp_path / "consumed.jsonl", "a") as f:
+        f.write(torn)
+    log.append_consumed(2, ["g0000001"], ["g0000001-s000"])
+    assert [r["version"] for r in log.consumed_rows()] == [1, 2]
+    lines = (tmp_path / "admitted.jsonl").read_text().split("\n")
+    assert lines[1] == torn and lines[-1] == ""           # the torn bytes stay on their own line

@@ -95,12 +95,28 @@ def _compress(payload: bytes, level: int) -> bytes:
                                     write_content_size=True).compress(payload)
 
 
-def _decompress(blob: bytes, what: str) -> bytes:
+def _decompress(blob: bytes, what: str, max_size: int) -> bytes:
+    """One zstd frame -> its bytes. The frame header's declared content size is checked against
+    `max_size` (what the caller can possibly expect) before anything is allocated: a corrupt
+    header must not turn into a MemoryError."""
     try:
-        return zstandard.ZstdDecompressor().decompress(blob)
+        declared = zstandard.frame_content_size(blob)
     except zstandard.ZstdError as e:
-        raise CorruptWeightsError(f"{what}: stored chunk does not decompress ({e}); the store is "
-                                  f"corrupt, fetch another version or republish") from e
+        raise CorruptWeightsError(f"{what}: stored chunk has no valid zstd frame header ({e}); the "
+                                  f"store is corrupt, fetch another version or republish") from e
+    if declared < 0 or declared > max_size:
+        raise CorruptWeightsError(f"{what}: zstd frame declares {declared} content bytes "
+                                  f"(expected at most {max_size}; -1 = unknown); the store is "
+                                  f"corrupt, fetch another version or republish")
+    try:
+        out = zstandard.ZstdDecompressor().decompress(blob, max_output_size=max_size)
+    except (zstandard.ZstdError, MemoryError) as e:
+        raise CorruptWeightsError(f"{what}: stored chunk does not decompress ({e!r}); the store "
+                                  f"is corrupt, fetch another version or republish") from e
+    if len(out) != declared:
+        raise CorruptWeightsError(f"{what}: decoded {len(out)} bytes, the frame declares "
+                                  f"{declared}")
+    return out
 
 
 def encode_full(bits: np.ndarray, level: int = 3) -> bytes:
@@ -110,7 +126,7 @@ def encode_full(bits: np.ndarray, level: int = 3) -> bytes:
 
 def decode_full(blob: bytes, n: int, dtype, what: str = "chunk") -> np.ndarray:
     """Inverse of encode_full: -> [n] array of `dtype` (unsigned)."""
-    raw = _decompress(blob, what)
+    raw = _decompress(blob, what, n * np.dtype(dtype).itemsize)
     if len(raw) != n * np.dtype(dtype).itemsize:
         raise CorruptWeightsError(f"{what}: decoded {len(raw)} bytes, expected "
                                   f"{n * np.dtype(dtype).itemsize}")
@@ -144,8 +160,9 @@ def apply_delta(blob: bytes, old: np.ndarray, codec: DeltaCodec = DeltaCodec.SPA
                 what: str = "chunk") -> np.ndarray:
     """old [C] + delta blob -> new [C] (a new array; `old` is not modified)."""
     old = np.ascontiguousarray(old).reshape(-1)
-    raw = _decompress(blob, what)
     w = old.dtype.itemsize
+    bound = old.size * w if DeltaCodec(codec) == DeltaCodec.XOR else 4 + old.size * (4 + w)
+    raw = _decompress(blob, what, bound)
     if DeltaCodec(codec) == DeltaCodec.XOR:
         if len(raw) != old.size * w:
             raise CorruptWeightsError(f"{what}: xor delta has {len(raw)} bytes, expected "

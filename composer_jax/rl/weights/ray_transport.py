@@ -1,13 +1,17 @@
 """Weight-store transport over Ray's object store (the `rl.backend=ray` backend).
 
-Chunks are `ray.put` by the publisher (so they live in the object store of the publisher's node
-and are pulled by readers node to node); a small named actor holds the index: key -> object
-reference, the commit records and the reader positions. Committing is one actor call, so a
-version becomes visible all at once; deleting the references lets Ray free the chunks.
+A small named actor holds the index: key -> object reference, the commit records and the reader
+positions. Committing is one actor call, so a version becomes visible all at once; deleting the
+references lets Ray free the chunks.
 
-Ray's ownership rule applies: objects belong to the process that put them, so when the publisher
-process dies its chunks are lost and readers get a WeightStoreError (they keep the version they
-hold; a restarted publisher starts again with a full snapshot).
+Ray's ownership rule: an object belongs to the process that put it and is lost when that process
+dies. By default (`durable=True`) the index actor puts the chunks itself, so they belong to it and
+a publisher killed at any point loses nothing committed (the chunks pass through the actor once:
+one extra copy). With `durable=False` the publisher puts them (no extra copy; they live in the
+object store of the publisher's node): when the publisher dies, its versions become unreadable
+(WeightStoreError; readers keep the version they hold; a restarted publisher starts again with a
+full snapshot). Either way the index lives as long as the actor: create it from a process that
+outlives the publisher (or pass `lifetime="detached"`).
 
 `ray` is imported only when a RayTransport is built, so the rest of the store works without it.
 """
@@ -28,6 +32,10 @@ class _Index:
     def put_ref(self, key, boxed_ref):
         self.refs[key] = boxed_ref          # a list, so Ray passes the reference, not the value
 
+    def put_blob(self, key, data):
+        import ray
+        self.refs[key] = [ray.put(data)]    # owned by this actor: survives the publisher
+
     def get_ref(self, key):
         return self.refs.get(key)
 
@@ -45,6 +53,15 @@ class _Index:
             del self.commits[v]
         for k in [k for k in self.refs if k < bound]:
             del self.refs[k]
+
+    def delete_from(self, version, bound):
+        for v in [v for v in self.commits if v >= version]:
+            del self.commits[v]
+        for k in [k for k in self.refs if k >= bound]:
+            del self.refs[k]
+
+    def keys(self):
+        return sorted(self.refs)
 
     def set_reader(self, name, version):
         self.reader_pos[name] = version
@@ -73,16 +90,22 @@ class RayTransport(Transport):
     """Blobs in Ray's object store; index in a named actor `name` (in `namespace`) that every
     process of the job finds with the same name."""
 
-    def __init__(self, name: str = "composer_jax_weight_store", namespace: str | None = None):
+    def __init__(self, name: str = "composer_jax_weight_store", namespace: str | None = None, *,
+                 durable: bool = True, lifetime: str | None = None):
         ray = self._ray = _ray()
+        self.durable = durable
         actor = ray.remote(num_cpus=0)(_Index)
-        self._index = actor.options(name=name, namespace=namespace, get_if_exists=True).remote()
+        self._index = actor.options(name=name, namespace=namespace, get_if_exists=True,
+                                    lifetime=lifetime).remote()
 
     def _call(self, method, *args):
         return self._ray.get(getattr(self._index, method).remote(*args))
 
     def put_blob(self, key, data):
-        self._call("put_ref", key, [self._ray.put(bytes(data))])
+        if self.durable:
+            self._call("put_blob", key, bytes(data))
+        else:
+            self._call("put_ref", key, [self._ray.put(bytes(data))])
 
     def get_blob(self, key):
         boxed = self._call("get_ref", key)
@@ -108,6 +131,9 @@ class RayTransport(Transport):
 
     def delete_below(self, version):
         self._call("delete_below", version, version_prefix(version))
+
+    def delete_from(self, version):
+        self._call("delete_from", version, version_prefix(version))
 
     def set_reader(self, name, version):
         self._call("set_reader", name, int(version))

@@ -29,9 +29,16 @@ reader assembles whole tensors (numpy, on the host) and places them in its own l
 (engine_sync.py).
 
 Readers: `fetch(v)` moves forward from the version the reader holds by applying the deltas in
-between, or rebuilds from the newest full snapshots at or before v. Garbage collection (run by
-process 0 after each commit): versions older than both the newest snapshot chain and the oldest
-version a registered reader still needs are deleted (torn, uncommitted writes with them).
+between, or rebuilds from the newest full snapshots at or before v (also when a part's layout
+changed: a tensor removed, reshaped or resharded, another process count). Garbage collection (run
+by process 0 after each commit): versions older than both the newest snapshot chain and the oldest
+version a registered reader still needs are deleted (torn, uncommitted writes with them); a new
+publisher first deletes torn versions above the latest committed one (a crashed predecessor's).
+
+Failures: a blob or commit record that disappears while a reader reads it (garbage collection)
+makes the fetch start over from the committed versions; one missing, undecodable or failing its
+checksum while its version is still committed, and any unreadable manifest or commit record,
+raise CorruptWeightsError.
 """
 from __future__ import annotations
 
@@ -124,9 +131,29 @@ def _path_name(path) -> str:
     return "/".join(parts)
 
 
+def _plain_items(tree, prefix: str, out: dict) -> bool:
+    """flatten() without JAX for nests of plain dicts/lists/tuples (same names and order as
+    jax.tree_util); False if the tree holds anything else that JAX might treat as a node."""
+    if type(tree) is dict:
+        items = [(str(k), tree[k]) for k in sorted(tree)]
+    elif type(tree) in (list, tuple):
+        items = [(str(i), x) for i, x in enumerate(tree)]
+    elif tree is None or not hasattr(tree, "dtype"):
+        return False                      # None, custom nodes, Python scalars: let JAX decide
+    else:
+        if prefix in out:
+            raise WeightStoreError(f"two leaves share the name {prefix!r}")
+        out[prefix] = tree
+        return True
+    return all(_plain_items(x, f"{prefix}/{k}" if prefix else k, out) for k, x in items)
+
+
 def flatten(tree) -> dict[str, Any]:
     """{name: leaf} with names = pytree paths joined by '/'. An nnx.State is taken as its pure
-    dict."""
+    dict. Plain nests of dicts/lists of arrays are walked without importing JAX."""
+    plain: dict[str, Any] = {}
+    if type(tree) is dict and _plain_items(tree, "", plain):
+        return plain
     import jax
     if type(tree).__name__ == "State":
         from flax import nnx
@@ -177,13 +204,15 @@ def _pool(threads: int):
 
 class WeightPublisher:
     """The trainer side. One per publishing process; keeps the previous version's bit patterns of
-    its own shards (host memory = one inference copy of those shards) as the delta base."""
+    its own shards (host memory = one inference copy of those shards) as the delta base. One
+    publishing job per store at a time: building a publisher deletes uncommitted versions."""
 
     def __init__(self, transport: Transport, settings: WeightSyncSettings = WeightSyncSettings(), *,
                  process_index: int | None = None, process_count: int | None = None,
                  barrier: Callable[[str], None] | None = None):
-        import jax
         self.t, self.s = transport, settings
+        if process_index is None or process_count is None:
+            import jax
         self.pi = jax.process_index() if process_index is None else process_index
         self.pn = jax.process_count() if process_count is None else process_count
         self._barrier = barrier
@@ -192,6 +221,19 @@ class WeightPublisher:
         self._last_full: int | None = None
         self._full_bytes = 0
         self._pool = _pool(settings.threads)
+        self._clean = False                  # no torn version of ours above the latest committed
+        self._delete_torn("init")
+
+    def _delete_torn(self, tag: str) -> None:
+        """Versions above the latest committed one are torn writes of a crashed (or failed)
+        publisher: process 0 deletes them before this publisher writes anything (then a barrier),
+        so a version can be republished with another chunking, shape or dtype and nothing
+        uncommitted is left behind."""
+        if self.pi == 0:
+            committed = self.t.committed_versions()
+            self.t.delete_from(committed[-1] + 1 if committed else 0)
+        self._sync(f"composer_jax_weights_clean_{tag}")
+        self._clean = True
 
     def _sync(self, tag: str) -> None:
         if self._barrier is not None:
@@ -208,6 +250,9 @@ class WeightPublisher:
         if committed and version <= committed[-1]:
             raise WeightStoreError(f"version {version} must be greater than the latest committed "
                                    f"version {committed[-1]}")
+        if not self._clean:
+            self._delete_torn(f"retry_{version}")    # the previous publish failed half way
+        self._clean = False                  # until this publish completes
         shards = {}
         for name, leaf in flatten(params).items():
             shipped = _ship_cast(leaf, name, self.s)
@@ -247,6 +292,7 @@ class WeightPublisher:
         self._prev = {(n, _shard_key(i)): codec.bits_view(a).reshape(-1).copy()
                       for n, (_, _, ss) in shards.items() for i, a in ss}
         self._prev_version = version
+        self._clean = True
         if self.pi == 0:
             collect_garbage(self.t)
         sent = part["delta"]["bytes"] if "delta" in part else part["bytes"]
@@ -258,15 +304,16 @@ class WeightPublisher:
         for name, (shape, dtype, ss) in shards.items():
             entries = []
             for no, (index, arr) in enumerate(ss):
+                sid = f"p{self.pi}s{no}"      # unique across processes (blob keys)
                 bits = codec.bits_view(arr)
                 flat = bits.reshape(-1)
                 entry = {"index": [list(p) for p in index], "checksum": codec.checksum(bits)}
                 if delta:
                     loc, nbytes, nchanged = self._encode_delta(
-                        version, name, no, flat, self._prev[(name, _shard_key(index))])
+                        version, name, sid, flat, self._prev[(name, _shard_key(index))])
                     changed += nchanged
                 else:
-                    loc = self.t.write_full(version, name, no, bits, global_shape=shape, index=index,
+                    loc = self.t.write_full(version, name, sid, bits, global_shape=shape, index=index,
                                             chunk_elems=self.s.chunk_elems, level=self.s.zstd_level,
                                             pool=self._pool)
                     nbytes = loc["bytes"]
@@ -286,9 +333,9 @@ class WeightPublisher:
                 "codec": self.s.codec.value, "bytes": total, "raw_bytes": raw, "changed": changed,
                 "elements": elements, "tensors": tensors}
 
-    def _encode_delta(self, version, name, no, flat, prev):
+    def _encode_delta(self, version, name, sid, flat, prev):
         spans = codec.chunk_spans(flat.size, self.s.chunk_elems)
-        base = f"{version_prefix(version)}delta/{name}/{no}/"
+        base = f"{version_prefix(version)}delta/{name}/{sid}/"
 
         def one(i_span):
             i, (s, e) = i_span
@@ -320,6 +367,31 @@ class WeightPublisher:
         self.t.put_commit(version, json.dumps(record).encode())
 
 
+def _json(data: bytes, what: str) -> dict:
+    """A stored JSON record; anything unreadable is the store's corruption error."""
+    try:
+        out = json.loads(data)
+    except ValueError as e:                 # JSONDecodeError, UnicodeDecodeError
+        raise CorruptWeightsError(f"{what} is not valid JSON ({e}); the store is corrupt, "
+                                  f"republish") from e
+    if not isinstance(out, dict):
+        raise CorruptWeightsError(f"{what} is not a JSON object; the store is corrupt, republish")
+    return out
+
+
+def _commit_record(t: Transport, version: int) -> dict:
+    """The validated commit record of `version` (WeightStoreError if it is not committed,
+    CorruptWeightsError if it does not parse)."""
+    rec = _json(t.get_commit(version), f"commit record of version {version}")
+    parts, kinds = rec.get("parts"), rec.get("kinds")
+    if (not isinstance(parts, int) or parts < 1 or not isinstance(kinds, list)
+            or len(kinds) != parts or any(k not in ("full", "delta") for k in kinds)
+            or not isinstance(rec.get("tensor_checksums"), dict)):
+        raise CorruptWeightsError(f"commit record of version {version} is malformed (parts, "
+                                  f"kinds or tensor_checksums); the store is corrupt, republish")
+    return rec
+
+
 def _chain_start(records: dict[int, dict], version: int) -> int | None:
     """The oldest version needed to rebuild `version` from full snapshots (None: impossible)."""
     need = set(range(records[version]["parts"]))
@@ -333,12 +405,16 @@ def _chain_start(records: dict[int, dict], version: int) -> int | None:
     return None
 
 
-def collect_garbage(t: Transport) -> int | None:
-    """Deletes every version no reader needs (see module doc); returns the oldest version kept."""
+def collect_garbage(t: Transport, torn: bool = False) -> int | None:
+    """Deletes every version no reader needs (see module doc); returns the oldest version kept.
+    `torn=True` also deletes uncommitted versions above the latest (only safe while no publisher
+    is writing one; a publisher does it itself before its first write)."""
     versions = t.committed_versions()
+    if torn:
+        t.delete_from(versions[-1] + 1 if versions else 0)
     if not versions:
         return None
-    records = {v: json.loads(t.get_commit(v)) for v in versions}
+    records = {v: _commit_record(t, v) for v in versions}
     keep = _chain_start(records, versions[-1])
     if keep is None:
         return None
@@ -351,17 +427,45 @@ def collect_garbage(t: Transport) -> int | None:
     return keep
 
 
+@dataclasses.dataclass
+class _State:
+    """What a reader holds: the arrays of one version and how they were built (internal).
+    layouts: part -> {(tensor, shard key): (shape, dtype name)} of the part last applied;
+    sums: (tensor, shard key) -> the verified checksum of that shard."""
+    arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    part_version: dict[int, int] = dataclasses.field(default_factory=dict)
+    layouts: dict[int, dict] = dataclasses.field(default_factory=dict)
+    sums: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+
+    def copy(self) -> "_State":
+        return _State(dict(self.arrays), dict(self.part_version), dict(self.layouts),
+                      dict(self.sums))
+
+
+def _layout(part: dict) -> dict:
+    return {(name, _shard_key(tuple(tuple(p) for p in sh["index"]))): (tuple(t["shape"]),
+                                                                      t["dtype"])
+            for name, t in part["tensors"].items() for sh in t["shards"]}
+
+
+_MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
 class WeightReader:
     """The inference side: rebuilds versions bit for bit on the host. With a `name`, the reader is
-    registered with the store and garbage collection keeps what it still needs."""
+    registered with the store and garbage collection keeps what it still needs.
+
+    Failure handling: a commit record or blob that vanishes while it is read (the publisher's
+    garbage collection) makes the fetch start over from the then-committed versions; a version
+    whose layout changed (a leaf removed, reshaped or resharded; another process count) is rebuilt
+    from the newest full snapshots; a blob that is missing, undecodable or fails its checksum
+    while its version is still committed raises CorruptWeightsError."""
+
+    ATTEMPTS = 5
 
     def __init__(self, transport: Transport, name: str | None = None, threads: int = 0):
         self.t, self.name = transport, name
-        self._arrays: dict[str, np.ndarray] = {}
-        self._dtypes: dict[str, np.dtype] = {}
-        self._part_version: dict[int, int] = {}
-        self._sums: dict[tuple[str, str], str] = {}
-        self._pending_sums: dict = {}
+        self._state = _State()
         self.version: int | None = None
         self._pool = _pool(threads)
         if name is not None:
@@ -381,7 +485,7 @@ class WeightReader:
         """{name: array} of `version` (None = latest), bit for bit as published, in the shipped
         dtypes. The arrays are read-only and never modified by later fetches (unchanged tensors
         are shared between versions)."""
-        for attempt in range(3):
+        for attempt in range(self.ATTEMPTS):
             versions = self.t.committed_versions()
             if not versions:
                 raise WeightStoreError("nothing has been published yet")
@@ -394,12 +498,12 @@ class WeightReader:
                 self._advance(target, versions)
                 break
             except _Gone:
-                if attempt == 2:
+                if attempt == self.ATTEMPTS - 1:
                     raise WeightStoreError(f"version {target} kept disappearing while it was read "
                                            f"(garbage-collected by the publisher); fetch latest()")
         if self.name is not None:
             self.t.set_reader(self.name, target)
-        return dict(self._arrays)
+        return dict(self._state.arrays)
 
     def fetch_tree(self, version: int | None, like):
         """The fetched version in the structure of the pure pytree `like` (nested dicts/lists of
@@ -421,18 +525,13 @@ class WeightReader:
         if self.version is not None and self.version < target:
             path = [v for v in versions if self.version < v <= target]
             try:
-                state = self._apply_all(path, dict(self._arrays), dict(self._part_version),
-                                        rebuild=False)
-                self._commit_state(target, *state)
+                self._commit_state(target, self._apply_all(path, self._state.copy(), None))
                 return
             except _Broken:
-                pass                          # a delta base is gone: rebuild from snapshots
+                pass                          # a delta base is gone or the layout changed
         records = {}
         for v in reversed([v for v in versions if v <= target]):
-            try:
-                records[v] = json.loads(self.t.get_commit(v))
-            except WeightStoreError:
-                raise _Gone() from None
+            records[v] = self._guarded(v, lambda v=v: _commit_record(self.t, v))
             start = _chain_start(records, target)
             if start is not None:
                 break
@@ -440,50 +539,87 @@ class WeightReader:
             raise WeightStoreError(f"version {target} cannot be rebuilt: no full snapshot of every "
                                    f"part at or before it")
         path = [v for v in versions if start <= v <= target]
+        # Each part starts from its own newest snapshot in the path (earlier ones may have another
+        # layout: removed, reshaped or resharded tensors).
+        first = {p: max(v for v in path if records[v]["kinds"][p] == "full")
+                 for p in range(records[target]["parts"])}
         try:
-            self._commit_state(target, *self._apply_all(path, {}, {}, rebuild=True))
+            self._commit_state(target, self._apply_all(path, _State(), first))
         except _Broken as e:
-            raise _Gone() from e
+            raise CorruptWeightsError(f"version {target} cannot be rebuilt from its snapshots: "
+                                      f"{e}") from e
 
-    def _commit_state(self, target, arrays, part_version):
-        self._arrays, self._part_version, self.version = arrays, part_version, target
-        self._sums = self._pending_sums
+    def _commit_state(self, target: int, state: _State) -> None:
+        self._state, self.version = state, target
 
-    def _apply_all(self, path, arrays, part_version, rebuild):
-        sums = dict(self._sums) if not rebuild else {}
-        for v in path:
-            try:
-                rec = json.loads(self.t.get_commit(v))
-            except WeightStoreError:
-                raise _Gone() from None
-            fresh = set()                     # tensors already copied for this version
-            for p in range(rec["parts"]):
-                part = json.loads(self._get(f"{version_prefix(v)}part-{p:05d}.json"))
-                alongside = part.get("delta")
-                if alongside is not None and p in part_version \
-                        and part_version[p] == alongside["base"]:
-                    part = {**part, **alongside, "kind": "delta"}   # fetch only the delta
-                if part["kind"] == "delta" and part_version.get(p) != part["base"]:
-                    if rebuild and p not in part_version:
-                        continue              # this part's snapshot comes later in the path
-                    raise _Broken(f"part {p} of version {v} is a delta against version "
-                                  f"{part['base']}, the reader holds {part_version.get(p)}")
-                self._apply_part(part, arrays, fresh, sums)
-                part_version[p] = v
-            for name in fresh:
-                arrays[name].flags.writeable = False
-            if all(p in part_version for p in range(rec["parts"])):
-                self._verify_tensors(rec, sums, v)
-        self._pending_sums = sums
-        return arrays, part_version
-
-    def _get(self, key):
+    def _guarded(self, v: int, fn):
+        """Runs a read of version `v`, telling a garbage-collection race (v is no longer committed:
+        _Gone, the fetch starts over) from corruption (v is still committed)."""
         try:
-            return self.t.get_blob(key)
-        except WeightStoreError as e:
-            raise _Gone(str(e)) from None
+            return fn()
+        except _Broken:
+            raise
+        except (WeightStoreError, *_MALFORMED) as e:
+            if v not in self.t.committed_versions():
+                raise _Gone() from e
+            if isinstance(e, CorruptWeightsError):
+                raise
+            if isinstance(e, WeightStoreError):
+                raise CorruptWeightsError(f"version {v} is committed but cannot be read: {e}; the "
+                                          f"store is corrupt, republish") from e
+            raise CorruptWeightsError(f"version {v}: a manifest is malformed ({type(e).__name__}: "
+                                      f"{e}); the store is corrupt, republish") from e
 
-    def _apply_part(self, part, arrays, fresh, sums):
+    def _apply_all(self, path, st: _State, first: dict | None) -> _State:
+        """Applies the versions in `path` to `st` (modified). `first` (rebuilding): part -> the
+        version of its newest snapshot in the path (its earlier versions are skipped); None:
+        moving forward from what the reader holds."""
+        for v in path:
+            self._guarded(v, lambda v=v: self._apply_version(v, st, first))
+        return st
+
+    def _apply_version(self, v: int, st: _State, first: dict | None) -> None:
+        rec = _commit_record(self.t, v)
+        rebuild = first is not None
+        if not rebuild and set(st.part_version) != set(range(rec["parts"])):
+            raise _Broken(f"version {v} has {rec['parts']} parts, the reader holds "
+                          f"{len(st.part_version)}")
+        fresh = set()                         # tensors already copied for this version
+        for p in range(rec["parts"]):
+            if rebuild and v < first[p]:
+                continue                      # this part's snapshot comes later in the path
+            key = f"{version_prefix(v)}part-{p:05d}.json"
+            part = _json(self.t.get_blob(key), f"part manifest {key}")
+            alongside = part.get("delta")
+            if alongside is not None and p in st.part_version \
+                    and st.part_version[p] == alongside["base"]:
+                part = {**part, **alongside, "kind": "delta"}   # fetch only the delta
+            layout = _layout(part)
+            if part["kind"] == "delta":
+                if st.part_version.get(p) != part["base"]:
+                    raise _Broken(f"part {p} of version {v} is a delta against version "
+                                  f"{part['base']}, the reader holds {st.part_version.get(p)}")
+                if layout != st.layouts.get(p):
+                    raise CorruptWeightsError(f"part {p} of version {v}: a delta with another "
+                                              f"layout than its base; the store is corrupt")
+            elif p in st.layouts and layout != st.layouts[p]:
+                # The layout changed (a tensor removed, reshaped or resharded): the held arrays and
+                # checksums of the old layout must not leak into the new version.
+                raise _Broken(f"part {p} of version {v} has a new layout")
+            self._apply_part(part, st, fresh)
+            st.part_version[p], st.layouts[p] = v, layout
+        for name in fresh:
+            st.arrays[name].flags.writeable = False
+        if all(p in st.part_version for p in range(rec["parts"])):
+            names = {n for lay in st.layouts.values() for n, _ in lay}
+            if names != set(rec["tensor_checksums"]) or set(st.arrays) != names:
+                raise CorruptWeightsError(f"version {v}: the parts hold tensors {sorted(names)[:5]}"
+                                          f", the commit record {sorted(rec['tensor_checksums'])[:5]}"
+                                          f"; the store is corrupt")
+            self._verify_tensors(rec, st.sums, v)
+
+    def _apply_part(self, part, st: _State, fresh):
+        arrays, sums = st.arrays, st.sums
         delta = part["kind"] == "delta"
         for name, t in part["tensors"].items():
             shape, dtype = tuple(t["shape"]), _np_dtype(t["dtype"])
@@ -502,7 +638,7 @@ class WeightReader:
                     fresh.add(name)
                 return codec.bits_view(arrays[name])
             for sh in t["shards"]:
-                index = tuple(tuple(p) for p in sh["index"])
+                index = tuple(tuple(int(x) for x in p) for p in sh["index"])
                 region = tuple(slice(a, b) for a, b in index)
                 sshape = tuple(b - a for a, b in index)
                 key = (name, _shard_key(index))
@@ -518,7 +654,7 @@ class WeightReader:
                 if delta:
                     flat = np.array(codec.bits_view(arrays[name])[region]).reshape(-1)
                     for ckey, s, e, _ in chunks:
-                        flat[s:e] = codec.apply_delta(self._get(ckey), flat[s:e],
+                        flat[s:e] = codec.apply_delta(self.t.get_blob(ckey), flat[s:e],
                                                       DeltaCodec(part["codec"]), what=ckey)
                 else:
                     flat = self.t.read_full(sh["loc"], sshape, bits_dtype, index=index,

@@ -9,6 +9,10 @@ Layout under the root:
                                         tool; each process writes the region of its own shards
   readers/NAME.json                     the version each registered reader holds
 
+Zarr snapshots store every chunk (all-zero ones too) and are read with missing chunks as errors,
+so a chunk deleted by garbage collection while a reader reads it is reported missing (the reader
+then starts over from the committed versions), never read back as zeros.
+
 Atomic visibility comes from the commit record being a single key written after everything else:
 the file driver writes a key through a temporary file and a rename, object stores replace an
 object whole.
@@ -82,6 +86,11 @@ class TensorStoreTransport(Transport):
         self._kv.delete_range(ts.KvStore.KeyRange("commits/v", f"commits/{bound}")).result()
         self._kv.delete_range(ts.KvStore.KeyRange("v", bound)).result()
 
+    def delete_from(self, version):
+        bound = version_prefix(version)[:-1]
+        self._kv.delete_range(ts.KvStore.KeyRange(f"commits/{bound}", "commits/w")).result()
+        self._kv.delete_range(ts.KvStore.KeyRange(bound, "w")).result()
+
     # ---- readers
     def set_reader(self, name, version):
         self._kv.write(f"readers/{name}.json", json.dumps({"version": int(version)}).encode()).result()
@@ -94,14 +103,24 @@ class TensorStoreTransport(Transport):
         out = {}
         for k in self._kv.list(ts.KvStore.KeyRange("readers/", "readers0")).result():
             r = self._kv.read(k).result()
-            if r.state == "value":
-                out[k.decode()[len("readers/"):-len(".json")]] = json.loads(r.value)["version"]
+            if r.state != "value":
+                continue                          # unregistered while listing
+            try:
+                out[k.decode()[len("readers/"):-len(".json")]] = int(json.loads(r.value)["version"])
+            except (ValueError, KeyError, TypeError):
+                # A damaged position record: ignoring it can only let GC delete versions that
+                # reader holds, which it then rebuilds from the newest snapshot.
+                print(f"warning: unreadable reader record {self.path}{k.decode()}; ignored")
         return out
 
     # ---- full snapshots as zarr3 arrays
     def _zarr(self, version, name, *, shape=None, dtype=None, chunk=None, level=3):
+        # Every chunk is stored, all-zero ones too, and a missing chunk is an error on read (never
+        # TensorStore's default of reading it back as zeros): a chunk deleted by garbage collection
+        # mid-read must be told apart from data.
         spec = {"driver": "zarr3",
-                "kvstore": (self._kv / f"{version_prefix(version)}zarr/{name}/").spec().to_json()}
+                "kvstore": (self._kv / f"{version_prefix(version)}zarr/{name}/").spec().to_json(),
+                "store_data_equal_to_fill_value": True, "fill_missing_data_reads": False}
         kw = {}
         if shape is not None:
             kw = dict(create=True, open=True, shape=list(shape), dtype=_UINT_TS[np.dtype(dtype).itemsize],
@@ -137,6 +156,11 @@ class TensorStoreTransport(Transport):
             region = tuple(slice(a, b) for a, b in index)
             data = arr[region].read().result()
         except Exception as e:  # noqa: BLE001 - a bad chunk surfaces as a generic tensorstore error
+            if str(e).startswith("NOT_FOUND"):
+                # Deleted (garbage collection racing the reader): the reader decides whether that
+                # is a race (the version is no longer committed) or a damaged store.
+                raise WeightStoreError(f"full snapshot {self.path}{locator['zarr']} is missing a "
+                                       f"chunk or its metadata ({e})") from e
             raise CorruptWeightsError(f"full snapshot {self.path}{locator['zarr']} cannot be read "
                                       f"({e})") from e
         return np.ascontiguousarray(data).view(dtype).reshape(-1)

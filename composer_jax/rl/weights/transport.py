@@ -31,7 +31,7 @@ def version_prefix(version: int) -> str:
 
 
 class Transport:
-    """Blob storage interface (subclasses implement the first seven methods)."""
+    """Blob storage interface (subclasses implement every method up to `readers`)."""
 
     def put_blob(self, key: str, data: bytes) -> None:
         raise NotImplementedError
@@ -56,6 +56,11 @@ class Transport:
         torn)."""
         raise NotImplementedError
 
+    def delete_from(self, version: int) -> None:
+        """Deletes every blob (and commit record) of every version >= `version`: the publisher's
+        clean-up of torn, uncommitted versions above the latest committed one."""
+        raise NotImplementedError
+
     def set_reader(self, name: str, version: int) -> None:
         """Records that reader `name` holds `version` (-1: registered, holds nothing yet)."""
         raise NotImplementedError
@@ -68,11 +73,12 @@ class Transport:
 
     # ---- full snapshots of one shard (default: chunked zstd blobs)
 
-    def write_full(self, version: int, name: str, shard_no: int, bits: np.ndarray, *,
+    def write_full(self, version: int, name: str, shard_no: str, bits: np.ndarray, *,
                    global_shape: tuple, index: tuple, chunk_elems: int, level: int,
                    pool=None) -> dict:
-        """Stores one shard's bit patterns `bits` (shard shape, unsigned dtype); returns a JSON
-        locator for read_full with the stored byte count under "bytes"."""
+        """Stores one shard's bit patterns `bits` (shard shape, unsigned dtype); `shard_no` names
+        the shard uniquely across publishing processes. Returns a JSON locator for read_full with
+        the stored byte count under "bytes"."""
         flat = bits.reshape(-1)
         spans = codec.chunk_spans(flat.size, chunk_elems)
         base = f"{version_prefix(version)}full/{name}/{shard_no}/"
@@ -145,6 +151,14 @@ class MemoryTransport(Transport):
             for v in [v for v in self._commits if v < version]:
                 del self._commits[v]
             for k in [k for k in self._blobs if k < bound]:
+                del self._blobs[k]
+
+    def delete_from(self, version):
+        bound = version_prefix(version)
+        with self._lock:
+            for v in [v for v in self._commits if v >= version]:
+                del self._commits[v]
+            for k in [k for k in self._blobs if k >= bound]:
                 del self._blobs[k]
 
     def set_reader(self, name, version):
