@@ -6,8 +6,8 @@
             through the train-step builder, the k1 pre-pass when rl.kl_coef > 0) on a batch of
             data.global_batch_size x data.seq_len rows, state/batch placed as the trainer does;
   prefill   the engine's prefill step (`inference.engine._prefill`): inference.prefill_batch rows
-            of a chunk as long as the context, into the MLA latent cache of inference.max_batch
-            slots x inference.max_len positions;
+            (rounded up to a multiple of the batch mesh shards) of a chunk as long as the context,
+            into the MLA latent cache of inference.max_batch slots x inference.max_len positions;
   decode    one plain decode step for every slot over that cache;
   spec      one MTP speculative step (verify 1 + inference.spec_depth tokens, draft again; the
             MTP caches included); spec_depth 0 uses depth 1 (needs model.mtp_depth >= 1);
@@ -116,7 +116,7 @@ def _engine_parts(cfg, mesh, depth: int):
     if depth:
         spec = jax.eval_shape(lambda: init_spec_state(b, depth, cfg.model.vocab_size))
         spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=slot), spec)
-    return graphdef, weights, cache, spec, slot, pc
+    return graphdef, weights, cache, spec, slot, pc, n
 
 
 def _sampler(rows: int, sh):
@@ -146,13 +146,13 @@ def engine_program(kind: str, cfg, mesh) -> Program:
                               f"model.mtp_depth={cfg.model.mtp_depth}")
     elif kind == "prefill":
         depth = cfg.inference.spec_depth
-    graphdef, weights, cache, spec, slot, pc = _engine_parts(cfg, mesh, depth)
+    graphdef, weights, cache, spec, slot, pc, shards = _engine_parts(cfg, mesh, depth)
     b, s = cfg.inference.max_batch, cfg.inference.max_len
     rep = NamedSharding(mesh, P())
     capture = cfg.inference.capture_router
     keys = _sds((b, 2), "uint32", slot)
     if kind == "prefill":
-        rows = cfg.inference.prefill_batch
+        rows = -(-cfg.inference.prefill_batch // shards) * shards   # a multiple of the batch shards
         fn = functools.partial(engine._prefill, graphdef, depth=depth, capture=capture)
         args = (weights, cache, spec, _sds((rows, s), "int32", rep), _sds((rows,), "int32", rep),
                 _sds((rows,), "int32", rep), _sds((rows,), "int32", rep),

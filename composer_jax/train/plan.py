@@ -240,8 +240,10 @@ def compile_programs(cfg, mesh, target: dict) -> dict:
                 continue
             mem = aot.compiled_memory(compiled)
             total = mem.pop("total")
-            coll, _ = collective_stats(compiled.as_text())
+            hlo = compiled.as_text()
+            coll, _ = collective_stats(hlo)
             out[prog.name] = {"per_device_total": total,
+                              "mosaic_kernels": hlo.count('custom_call_target="tpu_custom_call"'),
                               "fits_hbm": aot.fits(total, target["hbm_bytes_per_device"]),
                               "memory_analysis": mem, "collective_bytes": coll,
                               "compile_seconds": secs, "detail": prog.detail}
