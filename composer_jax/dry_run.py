@@ -20,6 +20,7 @@ Pallas kernels under `programs`.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 from composer_jax.config import Config, to_dict
@@ -45,6 +46,11 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     import jax
 
     from composer_jax.train.plan import run_in_subprocess
+
+    if cfg.mesh.compile_topology and not os.environ.get("JAX_PLATFORMS"):
+        # this process only counts and plans: keep JAX from probing for a local TPU once libtpu
+        # is installed (the compile itself loads libtpu's compile-only devices)
+        jax.config.update("jax_platforms", "cpu")
 
     total, active = count_params(cfg.model)
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
