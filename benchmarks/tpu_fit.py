@@ -77,6 +77,24 @@ def _gib(n) -> str:
     return "n/a" if n is None else f"{n / 2**30:.1f}"
 
 
+# the committed CPU plans of the default meshes (README "Parallelism"), used when a row has the mesh
+CPU_PLANS = {"cpt_32k": "dry_run_32k.json", "cpt_256k": "dry_run_256k.json"}
+
+
+def _cpu_estimate(name: str, exp: str, r: dict) -> str:
+    """The CPU planner's total for the row's mesh: NAME.cpu.json, else the committed plan of the
+    experiment's default mesh when the mesh and microbatches match, else 'not run'."""
+    own = OUT / f"{name}.cpu.json"
+    if own.exists():
+        return f"{_gib(json.loads(own.read_text())['per_device_bytes']['total'])} GiB"
+    ref = ROOT / "benchmarks" / "results" / CPU_PLANS.get(exp, "-")
+    if ref.exists():
+        c = json.loads(ref.read_text())
+        if c["mesh"] == r["mesh"] and c["microbatches"] == r["microbatches"]:
+            return f"{_gib(c['per_device_bytes']['total'])} GiB (`{ref.name}`)"
+    return "not run"
+
+
 def table() -> str:
     lines = ["| stage | slice (chips / devices) | mesh (`cp_ep`) | microbatches | XLA:TPU per device "
              "(args + temps) | HBM per device | fits | compile | CPU estimate (same mesh) |",
@@ -95,9 +113,7 @@ def table() -> str:
                     f"{_gib(mem['temp_size_in_bytes'])})")
         else:
             used = f"**{_gib(pdb['total'])} GiB** (refused: over HBM)"
-        cpu_f = OUT / f"{name}.cpu.json"
-        cpu = (f"{_gib(json.loads(cpu_f.read_text())['per_device_bytes']['total'])} GiB"
-               if cpu_f.exists() else "not run")
+        cpu = _cpu_estimate(name, exp, r)
         fits = {True: "yes", False: "**no**", None: "?"}[r["fits_hbm"]]
         lines.append(f"| {exp} | `{topo}` ({t['num_chips']} / {t['num_devices']}) | {mesh} | "
                      f"{r['microbatches']} | {used} | {_gib(t['hbm_bytes_per_device'])} GiB | "

@@ -20,6 +20,12 @@ stand-in with a native grouped GEMM's shapes, dtypes and FLOPs
 padded emulation on CPU (composer_jax.parallel.collectives), so its buffers and bytes are the
 static worst case.
 
+With `mesh.compile_topology` (a libtpu slice name) the process plans on that slice's compile-only
+TPU devices instead (composer_jax.parallel.aot): the step is traced for the TPU
+(`parallel.target.compiling_for`, so the real ragged all-to-all and ragged_dot are used, no
+stand-ins) and compiled by XLA:TPU; a step over HBM is reported as `compile_error`, and
+`mesh.compile_programs` adds the other programs (`compile_programs`, composer_jax.aot_programs).
+
 Set COMPOSER_PLAN_DUMP_DIR=DIR to keep XLA's dumps of the step (optimized HLO, buffer
 assignment, live ranges) in DIR. Reported: per-device bytes of parameters / optimizer state
 (from the shardings), activations (the compiled temp size), the biggest buffers live at the

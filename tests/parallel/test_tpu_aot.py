@@ -33,7 +33,7 @@ def v5e_dry_run(tmp_path_factory):
            "--set", "mesh.compile_topology=v5e:2x2",
            "--set", "mesh.compile_programs=rl,decode,kernels"]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((work / "dry_run.json").read_text()), proc.stdout
 
