@@ -4,9 +4,10 @@ Times quantize (MXFP8, NVFP4), block-scaled matmul (MXFP8, NVFP4) and the groupe
 few shapes, prints TFLOP/s (GB/s for quantize) and the ratio to jnp.dot, and writes the table to
 benchmarks/results/quant_kernels_gpu.txt. Without a CUDA device it prints a message and exits 0.
 Matmuls run in the "hopper" variant (Triton) everywhere and, on a tcgen05 GPU (compute capability
-10.x: B200/GB200/B300), also in the "blackwell" variant (native block-scaled MMA, Mosaic GPU), whose
-rows carry its max error relative to the reference numerics (composer_jax.quant.blockwise) as a
-first on-hardware correctness check: it cannot run on CPU, so this is where it is validated.
+10.x: B200/GB200/B300), also in the "blackwell" variant (native block-scaled MMA, Mosaic GPU). Every
+matmul row carries its max error relative to the reference numerics (composer_jax.quant.blockwise),
+dense/grouped, as the on-hardware correctness check (the blackwell variant cannot run on CPU, so
+this is where it is validated).
 
   python benchmarks/quant_kernels_gpu.py [--iters 20]
 """
@@ -84,16 +85,15 @@ def _rows(m: int, k: int, n: int, iters: int):
         wg = jnp.broadcast_to(db[None], (groups, k, n))
         swg = jnp.broadcast_to(sb[None], (groups,) + sb.shape)
         gs = jnp.full((groups,), m // groups, jnp.int32)
-        want = blockwise.block_scaled_matmul(qa, qb) if "blackwell" in variants else None
+        want = blockwise.block_scaled_matmul(qa, qb)   # the reference numerics
         for variant in variants:
             mm = jax.jit(lambda *o, bs=qa.block_size, kd=kind, v=variant: pk.block_scaled_matmul(
                 *o, block_size=bs, scale_kind=kd, variant=v, interpret=False))
             gmm = jax.jit(lambda *o, bs=qa.block_size, kd=kind, v=variant: pk.grouped_block_scaled_matmul(
                 *o, block_size=bs, scale_kind=kd, variant=v, interpret=False))
-            note = ""
-            if variant == "blackwell":  # same weights in every group: grouped == dense
-                note = (f" err {_rel_err(mm(da, sa, db, sb, g), want):.1e}"
-                        f"/{_rel_err(gmm(da, sa, wg, swg, gs, g), want):.1e}")
+            # every variant against the reference (same weights in every group: grouped == dense)
+            note = (f" err {_rel_err(mm(da, sa, db, sb, g), want):.1e}"
+                    f"/{_rel_err(gmm(da, sa, wg, swg, gs, g), want):.1e}")
             rows.append((f"block_scaled_matmul {fmt} {variant}{note}", _time(mm, da, sa, db, sb, g, iters=iters), flops))
             rows.append((f"grouped_matmul {fmt} G={groups} {variant}", _time(gmm, da, sa, wg, swg, gs, g, iters=iters), flops))
     q_mx = jax.jit(lambda x: pk.quantize_mxfp8(x, variant="hopper", interpret=False))

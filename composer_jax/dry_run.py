@@ -9,10 +9,18 @@ step's collectives move (`collective_bytes_per_step`, biggest sources in `larges
 the biggest buffers live at the memory peak (`largest_buffers`), and WORKDIR/sharding_plan.txt
 (parameter path -> shape, dtype, PartitionSpec). CPU-compiled memory estimates accelerator memory;
 it is not a measurement.
+
+With `--set mesh.compile_topology=NAME` (a libtpu slice name such as v5p:8x8x4; needs the `tpu`
+extra) the same step is compiled by the real XLA:TPU compiler for that slice's devices instead
+(composer_jax.parallel.aot; the device count follows from the slice), dry_run.json's `target`
+names the platform, topology, device kind and HBM per chip with `compiled_for_target: true`, and
+`mesh.compile_programs` adds the RL step, the engine's prefill/decode/speculative steps and the
+Pallas kernels under `programs`.
 """
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 from composer_jax.config import Config, to_dict
@@ -20,6 +28,9 @@ from composer_jax.errors import ConfigError
 from composer_jax.model.flops import flops_per_token
 from composer_jax.model.params import count_params
 
+TPU_NOTE = ("per-device memory is XLA:TPU's compiled memory analysis of the train step for the "
+            "target slice's devices (libtpu compile-only devices: the compiler a pod runs, "
+            "Mosaic included); nothing was executed")
 NOTE = ("per-device memory is XLA's compiled memory analysis of the train step for the CPU "
         "backend on a virtual mesh: an estimate of accelerator memory (same SPMD partitioning and "
         "liveness; fusion, layouts and kernels differ: XLA:CPU computes bf16 matmuls in f32, the "
@@ -28,7 +39,7 @@ NOTE = ("per-device memory is XLA's compiled memory analysis of the train step f
 
 
 def _gb(n):
-    return f"{n / 2**30:.2f} GiB"
+    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
@@ -36,20 +47,43 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
 
     from composer_jax.train.plan import run_in_subprocess
 
+    if cfg.mesh.compile_topology and not os.environ.get("JAX_PLATFORMS"):
+        # this process only counts and plans: keep JAX from probing for a local TPU once libtpu
+        # is installed (the compile itself loads libtpu's compile-only devices)
+        jax.config.update("jax_platforms", "cpu")
+
     total, active = count_params(cfg.model)
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
-    n_dev = cfg.mesh.num_devices or jax.device_count()
+    topo = cfg.mesh.compile_topology
+    if topo:
+        from composer_jax.parallel import aot
+        n_dev = len(aot.topology_devices(topo))     # clear errors: no libtpu, a bad name
+        if cfg.mesh.num_devices not in (0, n_dev):
+            raise ConfigError(f"mesh.num_devices={cfg.mesh.num_devices} but TPU topology {topo!r} "
+                              f"has {n_dev} chips; leave mesh.num_devices=0 (it follows the slice)")
+        hint = f"TPU topology {topo!r} has {n_dev} chips: choose mesh axes that multiply to it"
+    else:
+        n_dev = cfg.mesh.num_devices or jax.device_count()
+        hint = ("A dry run plans on a virtual mesh of fake CPU devices: pass --set "
+                "mesh.num_devices=N to the job's device count")
     try:
         cfg.mesh.resolved(n_dev)
     except ConfigError as e:
-        raise ConfigError(f"{e}. A dry run plans on a virtual mesh of fake CPU devices: pass "
-                          f"--set mesh.num_devices=N to the job's device count") from None
+        raise ConfigError(f"{e}. {hint}") from None
     cfg_path = workdir / "dry_run_config.json"
     cfg_path.write_text(json.dumps(to_dict(cfg), indent=1))
-    plan = run_in_subprocess(cfg, str(cfg_path), str(workdir / "dry_run_plan.json"), n_dev)
+    plan = run_in_subprocess(cfg, str(cfg_path), str(workdir / "dry_run_plan.json"),
+                             1 if topo else n_dev)
     sharding = plan.pop("sharding_plan")
+    target = plan["target"] or {"platform": "cpu", "topology": None,
+                                "device_kind": "virtual CPU devices (an estimate)",
+                                "num_chips": None, "num_devices": n_dev,
+                                "hbm_bytes_per_chip": None, "hbm_bytes_per_device": None,
+                                "compiled_for_target": False}
+    note = TPU_NOTE if topo else NOTE
     result = {
         "model": cfg.model.name,
+        "target": target,
         "params_total": total,
         "params_active": active,
         "flops_per_token": flops["total"],
@@ -67,7 +101,12 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
         "largest_buffers": plan["largest_buffers"],
         "memory_analysis": plan["memory_analysis"],
         "compile_seconds": plan["compile_seconds"],
-        "notes": NOTE,
+        "fits_hbm": (None if target["hbm_bytes_per_device"] is None
+                     or plan["per_device_bytes"]["total"] is None
+                     else plan["per_device_bytes"]["total"] <= target["hbm_bytes_per_device"]),
+        "compile_error": plan.get("compile_error"),
+        "programs": plan.get("programs", {}),
+        "notes": note,
         "config": to_dict(cfg.model),
         "execution": to_dict(cfg.execution),
         "mesh_config": to_dict(cfg.mesh),
@@ -88,11 +127,23 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
           f"in {cfg.train.microbatches} microbatch(es) (compiled in {plan['compile_seconds']}s)")
     print(f"per device: params {_gb(pdb['params'])}, optimizer {_gb(pdb['optimizer'])}, "
           f"activations {_gb(pdb['activations'])}, total {_gb(pdb['total'])}")
+    if target["compiled_for_target"]:
+        hbm = target["hbm_bytes_per_device"]
+        print(f"compiled by XLA:TPU for {topo} ({target['num_chips']} chips, "
+              f"{target['num_devices']} x {target['device_kind']}"
+              + (f", {_gb(hbm)} HBM per device): {'fits' if result['fits_hbm'] else 'DOES NOT FIT'}"
+                 if hbm else ")"))
+        if result["compile_error"]:
+            print(f"XLA:TPU refused the step: {result['compile_error']['message'][:600]}")
+        for name, p in result["programs"].items():
+            print(f"  {name}: " + (f"error {p['error'][:300]}" if "error" in p else
+                                   f"{_gb(p['per_device_total'])} per device, compiled in "
+                                   f"{p['compile_seconds']}s"))
     print("collectives per step per device: " + ", ".join(
         f"{k} {_gb(v)}" for k, v in sorted(result["collective_bytes_per_step"].items())))
     print("largest buffers live at the memory peak:")
     for b in result["largest_buffers"][:8]:
         print(f"  {_gb(b['bytes']):>11} {b['count']:>3} x {b['shape']:<32} {b['op']}")
-    print(f"note: {NOTE}")
+    print(f"note: {note}")
     print(f"wrote {path} and {workdir / 'sharding_plan.txt'}")
     return result

@@ -1,4 +1,5 @@
-"""Shared plumbing for the kernels: interpret-mode default, padding, variant names, tile sizes."""
+"""Shared plumbing for the kernels: interpret-mode default, padding, variant names, tile sizes and
+the row-tile -> group ranges of the grouped matmuls (every variant imports them from here)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,17 @@ def global_scale_arg(global_scale) -> jax.Array:
     if global_scale is None:
         return jnp.ones((1, 1), jnp.float32)
     return jnp.asarray(global_scale, jnp.float32).reshape(1, 1)
+
+
+def row_groups(group_sizes: jax.Array, m: int) -> jax.Array:
+    """int32 [m]: the group of each row; rows past sum(group_sizes) get G."""
+    ends = jnp.cumsum(group_sizes.astype(jnp.int32))
+    return jnp.searchsorted(ends, jnp.arange(m, dtype=jnp.int32), side="right").astype(jnp.int32)
+
+
+def tile_group_ranges(rows: jax.Array, bm: int, num_groups: int) -> tuple[jax.Array, jax.Array]:
+    """Per row tile, the [lo, hi) range of groups present (empty for tiles past the last group)."""
+    first = rows[::bm]
+    last = jnp.minimum(rows[bm - 1::bm], num_groups - 1)
+    hi = jnp.where(first >= num_groups, first, last + 1)
+    return first[:, None], hi[:, None]

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels import common, mma
+from pallas_kernels import common, grouped_matmul_tpu, mma
 from pallas_kernels.block_matmul import mma_kind
 
 
@@ -37,20 +37,6 @@ def _kernel(lo_ref, hi_ref, rows_ref, x_ref, sx_ref, w_ref, sw_ref, g_ref, o_ref
 
     out = lax.fori_loop(lo_ref[0, 0], hi_ref[0, 0], one_group, jnp.zeros(o_ref.shape, jnp.float32))
     o_ref[...] = out * g_ref[0, 0]
-
-
-def row_groups(group_sizes: jax.Array, m: int) -> jax.Array:
-    """int32 [m]: the group of each row; rows past sum(group_sizes) get G."""
-    ends = jnp.cumsum(group_sizes.astype(jnp.int32))
-    return jnp.searchsorted(ends, jnp.arange(m, dtype=jnp.int32), side="right").astype(jnp.int32)
-
-
-def tile_group_ranges(rows: jax.Array, bm: int, num_groups: int) -> tuple[jax.Array, jax.Array]:
-    """Per row tile, the [lo, hi) range of groups present (empty for tiles past the last group)."""
-    first = rows[::bm]
-    last = jnp.minimum(rows[bm - 1::bm], num_groups - 1)
-    hi = jnp.where(first >= num_groups, first, last + 1)
-    return first[:, None], hi[:, None]
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale_kind", "variant", "interpret", "bm", "bn"))
@@ -73,8 +59,6 @@ def grouped_block_scaled_matmul(x, sx, w, sw, group_sizes, global_scale=None, *,
                          f"x {x.shape}, w {w.shape} (want {(m, kb)}, {(g, kb, n)}, {(g,)})")
     interpret = common.default_interpret() if interpret is None else interpret
     if variant == common.TPU:
-        from pallas_kernels import grouped_matmul_tpu
-
         return grouped_matmul_tpu.grouped_matmul(x, sx, w, sw, group_sizes, global_scale, block_size=block_size,
                                                  scale_kind=scale_kind, interpret=interpret)
     if variant == common.BLACKWELL:
@@ -86,8 +70,8 @@ def grouped_block_scaled_matmul(x, sx, w, sw, group_sizes, global_scale=None, *,
     bm = bm or common.pow2_tile(m, 64, 16)
     bn = bn or common.pow2_tile(n, 128, 16)
     mp, np_ = common.round_up(m, bm), common.round_up(n, bn)
-    rows = row_groups(group_sizes, mp)
-    lo, hi = tile_group_ranges(rows, bm, g)
+    rows = common.row_groups(group_sizes, mp)
+    lo, hi = common.tile_group_ranges(rows, bm, g)
     x, sx = common.pad_to(x, (mp, k)), common.pad_to(sx, (mp, kb))
     w, sw = common.pad_to(w, (g, k, np_)), common.pad_to(sw, (g, kb, np_))
     kernel = functools.partial(_kernel, bs=block_size, kb=kb, kind=scale_kind,

@@ -19,7 +19,6 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import common, tile_math
 from pallas_kernels.block_matmul_tpu import LANES, SCALE_ROWS, interpret_mma, k_step, scale_multipliers_t
-from pallas_kernels.grouped_matmul import row_groups, tile_group_ranges
 
 
 def _kernel(lo_ref, hi_ref, rows_ref, x_ref, sx_ref, w_ref, sw_ref, g_ref, o_ref, acc_ref, *, bs: int, mma_kind: str):
@@ -52,8 +51,8 @@ def grouped_matmul(x, sx, w, sw, group_sizes, global_scale, *, block_size: int, 
     bm = common.pow2_tile(m, 256, LANES)
     bn = common.pow2_tile(n, 256, LANES)
     mp, np_, kp = common.round_up(m, bm), common.round_up(n, bn), common.round_up(k, bk)
-    rows = row_groups(group_sizes, mp)
-    lo, hi = tile_group_ranges(rows, bm, g)
+    rows = common.row_groups(group_sizes, mp)
+    lo, hi = common.tile_group_ranges(rows, bm, g)
     sx_t = common.pad_to(scale_multipliers_t(sx, scale_kind), (kp // block_size, mp), 1.0)
     sw_f = common.pad_to(tile_math.scale_value(sw, scale_kind), (g, kp // block_size, np_), 1.0)
     x, w = common.pad_to(x, (mp, kp)), common.pad_to(w, (g, kp, np_))

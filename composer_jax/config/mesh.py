@@ -8,6 +8,7 @@ from composer_jax.config.checks import _check, _coerce_enums
 
 
 MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
+COMPILE_PROGRAMS = ("rl", "prefill", "decode", "spec", "kernels")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,6 +17,11 @@ class MeshConfig:
 
     `rules` names a preset of the logical-axis -> mesh-axis rules table (composer_jax.parallel).
     `dcn_*` give the sizes of each axis across slices/hosts over the slow network (1 = all ICI).
+    `compile_topology` (with --dry_run): a libtpu TPU slice name such as "v5e:2x2" or
+    "tpu7x:8x8x4"; the planner compiles with the real TPU compiler for that slice (the device count
+    follows from it; composer_jax.parallel.aot) instead of for fake CPU devices. `compile_programs`:
+    what it compiles besides the train step: a comma list of rl, prefill, decode, spec, kernels, or
+    "all" (each lands in dry_run.json's `programs`).
     """
     data: int = 1
     fsdp: int = -1
@@ -28,6 +34,8 @@ class MeshConfig:
     num_devices: int = 0   # 0 = all visible devices; > 0 with --dry_run makes a virtual mesh
     cp_attention: str = "allgather"   # context-parallel attention: "allgather" (MLA latent) | "ring"
     axis_type: str = "auto"           # "auto" (GSPMD propagation) | "explicit" (sharding in types)
+    compile_topology: str = ""        # "" = CPU estimate; e.g. "v5p:8x8x4": compile for that TPU slice
+    compile_programs: str = ""        # with compile_topology, also: rl,prefill,decode,spec,kernels|all
 
     def __post_init__(self):
         _coerce_enums(self, "mesh")
@@ -44,6 +52,19 @@ class MeshConfig:
                f"mesh.cp_attention must be 'allgather' or 'ring', got {self.cp_attention!r}")
         _check(self.axis_type in ("auto", "explicit"),
                f"mesh.axis_type must be 'auto' or 'explicit', got {self.axis_type!r}")
+        progs = self.programs()
+        bad = [p for p in progs if p not in COMPILE_PROGRAMS]
+        _check(not bad, f"mesh.compile_programs: unknown program(s) {bad} in "
+               f"{self.compile_programs!r}; a comma list of {', '.join(COMPILE_PROGRAMS)}, or all")
+        _check(not progs or bool(self.compile_topology),
+               "mesh.compile_programs needs mesh.compile_topology (a TPU slice to compile for)")
+
+    def programs(self) -> tuple[str, ...]:
+        """The programs a --dry_run with compile_topology compiles besides the train step."""
+        names = [p.strip() for p in self.compile_programs.split(",") if p.strip()]
+        if names == ["all"]:
+            return COMPILE_PROGRAMS
+        return tuple(names)
 
     def axis_sizes(self) -> dict[str, int]:
         return {a: getattr(self, a) for a in MESH_AXES}

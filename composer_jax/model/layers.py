@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from composer_jax.config import DType, ExecutionConfig, ModelConfig
+from composer_jax.parallel import target
 from composer_jax.parallel.sharding import current
 
 
@@ -147,7 +148,7 @@ cpu_matmul.defvjp(_cpu_matmul_fwd, _cpu_matmul_bwd)
 def cpu_without_mesh() -> bool:
     """True on the CPU backend without a parallel context (one device, no mesh): where the CPU
     fast paths (`cpu_matmul`, `attention.attend_cpu`, unrolled layer scans) apply."""
-    return jax.default_backend() == "cpu" and current() is None
+    return target.platform() == "cpu" and current() is None
 
 
 def use_cpu_matmul(dtype) -> bool:

@@ -22,6 +22,7 @@ from composer_jax.quant.grouped import grouped_matmul
 from composer_jax.model.layers import MLP, Ctx, ParamInit, RouterBias, linear, make_param
 from composer_jax.parallel.expert import RowCodec, dispatch_expert_parallel
 from composer_jax.parallel.per_token import per_token
+from composer_jax.parallel import target
 from composer_jax.parallel.sharding import current
 
 
@@ -107,7 +108,7 @@ def _dispatch_blocked(x, idx, weights, w_gate, w_up, w_down, dt, block: int = CP
 
 def dispatch_ragged(x, idx, weights, w_gate, w_up, w_down, ctx: Ctx):
     """x [N, D], idx/weights [N, K], w_gate/w_up [E, D, F], w_down [E, F, D] -> [N, D]."""
-    if ctx.fmt == "bf16" and jax.default_backend() == "cpu":
+    if ctx.fmt == "bf16" and target.platform() == "cpu":
         return _dispatch_blocked(x, idx, weights, w_gate, w_up, w_down, ctx.dtype)
     n, k = idx.shape
     e = w_gate.shape[0]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from composer_jax.parallel import target
+
 
 def _emulated(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis_name,
               max_send_rows=None):
@@ -36,7 +38,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
 
     max_send_rows: a static bound on any one send size (the emulation's block size; every size
     must respect it)."""
-    if jax.default_backend() == "cpu":
+    if target.platform() == "cpu":
         return _emulated(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
                          axis_name, max_send_rows)
     return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,

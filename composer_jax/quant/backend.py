@@ -18,6 +18,7 @@ from jax import lax
 
 import pallas_kernels
 from composer_jax.errors import ConfigError
+from composer_jax.parallel import target
 from composer_jax.quant.grouped import grouped_matmul
 from composer_jax.quant import blockwise
 from composer_jax.quant.qarray import QArray
@@ -32,18 +33,23 @@ def resolve(backend: str) -> str:
     if backend not in BACKENDS:
         raise ConfigError(f"unknown quantized-dot backend {backend!r}; valid: {BACKENDS}")
     if backend == "auto":
-        return "jnp" if jax.default_backend() == "cpu" else "pallas"
+        return "jnp" if target.platform() == "cpu" else "pallas"
     return backend
 
 
 def kernel_variant() -> str:
     """The pallas_kernels variant for the default device."""
-    platform = jax.default_backend()
+    platform = target.platform()
     if platform == "tpu":
         return "tpu"
     if platform == "cpu":
         return "portable"
     return "blackwell" if _tcgen05_gpu() and _blackwell_self_check() else "hopper"
+
+
+def _interpret() -> bool:
+    """Pallas interpret mode on CPU; compiled kernels for a GPU or a TPU (also an AOT target)."""
+    return target.platform() == "cpu"
 
 
 def _tcgen05_gpu() -> bool:
@@ -103,7 +109,7 @@ def matmul(qa: QArray, qb: QArray, backend: str) -> jax.Array:
     return pallas_kernels.block_scaled_matmul(
         _kernel_data(qa), _kernel_scales(qa, False), _kernel_data(qb), _kernel_scales(qb, True),
         blockwise.global_product(qa, qb), block_size=qa.block_size, scale_kind=_scale_kind(qa),
-        variant=kernel_variant())
+        variant=kernel_variant(), interpret=_interpret())
 
 
 def ragged_matmul(qa: QArray, qb: QArray, group_sizes: jax.Array, backend: str) -> jax.Array:
@@ -115,4 +121,4 @@ def ragged_matmul(qa: QArray, qb: QArray, group_sizes: jax.Array, backend: str) 
     return pallas_kernels.grouped_block_scaled_matmul(
         _kernel_data(qa), _kernel_scales(qa, False), _kernel_data(qb), _kernel_scales(qb, True),
         group_sizes.astype(jnp.int32), blockwise.global_product(qa, qb), block_size=qa.block_size,
-        scale_kind=_scale_kind(qa), variant=kernel_variant())
+        scale_kind=_scale_kind(qa), variant=kernel_variant(), interpret=_interpret())

@@ -16,6 +16,8 @@ import enum
 import jax
 import jax.numpy as jnp
 
+from composer_jax.parallel import target
+
 
 class GroupedImpl(str, enum.Enum):
     AUTO = "auto"           # blocked on CPU, ragged_dot elsewhere
@@ -58,7 +60,7 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
     Used by the model's bf16 expert FFNs and by the quantized dots' jnp path.
     """
     if impl == GroupedImpl.AUTO:
-        impl = GroupedImpl.BLOCKED if jax.default_backend() == "cpu" else GroupedImpl.RAGGED_DOT
+        impl = GroupedImpl.BLOCKED if target.platform() == "cpu" else GroupedImpl.RAGGED_DOT
     if impl == GroupedImpl.BLOCKED:
         return blocked_grouped_matmul(x, w, group_sizes, preferred_element_type=preferred_element_type,
                                       precision=precision)

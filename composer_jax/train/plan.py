@@ -20,6 +20,12 @@ stand-in with a native grouped GEMM's shapes, dtypes and FLOPs
 padded emulation on CPU (composer_jax.parallel.collectives), so its buffers and bytes are the
 static worst case.
 
+With `mesh.compile_topology` (a libtpu slice name) the process plans on that slice's compile-only
+TPU devices instead (composer_jax.parallel.aot): the step is traced for the TPU
+(`parallel.target.compiling_for`, so the real ragged all-to-all and ragged_dot are used, no
+stand-ins) and compiled by XLA:TPU; a step over HBM is reported as `compile_error`, and
+`mesh.compile_programs` adds the other programs (`compile_programs`, composer_jax.aot_programs).
+
 Set COMPOSER_PLAN_DUMP_DIR=DIR to keep XLA's dumps of the step (optimized HLO, buffer
 assignment, live ranges) in DIR. Reported: per-device bytes of parameters / optimizer state
 (from the shardings), activations (the compiled temp size), the biggest buffers live at the
@@ -95,64 +101,96 @@ def _bytes_of(tree) -> int:
     return n
 
 
+def abstract_state(fns):
+    """The abstract TrainState of a StepFns (parameters in the master dtype, train.master_dtype)."""
+    import jax
+    from flax import nnx
+
+    from composer_jax.train.step import TrainState
+
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, fns.master_dtype),
+                          nnx.to_pure_dict(fns.abstract_params))
+    scalar = jax.ShapeDtypeStruct((), "int32")
+    return TrainState(step=scalar, params=params, buffers=nnx.to_pure_dict(fns.abstract_buffers),
+                      opt_state=jax.eval_shape(fns.tx.init, params), nonfinite_streak=scalar,
+                      nonfinite_total=scalar)
+
+
 def sharded_step(cfg, mesh):
     """(train_step jitted on `mesh`, abstract TrainState, abstract batch, params sharding plan):
     exactly the step and shardings the training loop uses (`train.step.build_fns`); the abstract
     inputs carry their shardings."""
-    import jax
-    from flax import nnx
-
     from composer_jax.model import abstract_model
     from composer_jax.parallel.sharding import sharding_plan
     from composer_jax.train.placement import abstract_batch
-    from composer_jax.train.step import TrainState, build_fns
+    from composer_jax.train.step import build_fns
 
     fns = build_fns(abstract_model(cfg.model, cfg.execution), cfg, mesh)
     pl = fns.placement
-    # the TrainState holds the parameters in the master dtype (train.master_dtype)
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, fns.master_dtype),
-                          nnx.to_pure_dict(fns.abstract_params))
-    scalar = jax.ShapeDtypeStruct((), "int32")
-    state = TrainState(step=scalar, params=params, buffers=nnx.to_pure_dict(fns.abstract_buffers),
-                       opt_state=jax.eval_shape(fns.tx.init, params), nonfinite_streak=scalar,
-                       nonfinite_total=scalar)
-    return (fns.train_step, pl.with_shardings(state, pl.state),
+    return (fns.train_step, pl.with_shardings(abstract_state(fns), pl.state),
             pl.with_shardings(abstract_batch(cfg), pl.batch),
             sharding_plan(fns.abstract_params, pl.pc))
 
 
-def compile_plan(cfg, dump_dir: str | None = None) -> dict:
-    """Compiles the train step of `cfg` on a (virtual) mesh; returns memory/collective numbers and
-    the sharding plan. dump_dir: where XLA was told to dump (XLA_FLAGS) the step's HLO, for the
-    peak-memory breakdown."""
+def plan_devices(cfg) -> tuple[list, dict | None]:
+    """(devices to plan on, target description or None): the TPU slice of
+    `mesh.compile_topology` (composer_jax.parallel.aot), else the first mesh.num_devices devices
+    JAX sees (fake CPU devices in the planner's subprocess)."""
     import jax
 
-    from composer_jax.parallel.mesh import make_mesh
-    from composer_jax.parallel.sharding import context_from_config
+    from composer_jax.parallel import aot
 
-    if os.environ.get("COMPOSER_PLAN_DENSE_RAGGED_DOT") != "1":   # measure XLA:CPU's own lowering
-        use_native_grouped_gemm_memory()
+    name = cfg.mesh.compile_topology
+    if name:
+        devices = aot.topology_devices(name)
+        return devices, aot.target_info(name, devices)
     n_dev = cfg.mesh.num_devices or jax.device_count()
     if jax.device_count() < n_dev:
         raise RuntimeError(f"planner needs {n_dev} devices, JAX sees {jax.device_count()}")
+    return jax.devices()[:n_dev], None
+
+
+def compile_plan(cfg, dump_dir: str | None = None) -> dict:
+    """Compiles the train step of `cfg` on a (virtual or TPU-target) mesh, then the other programs
+    of `mesh.compile_programs`; returns memory/collective numbers and the sharding plan.
+    dump_dir: where XLA was told to dump (XLA_FLAGS) the step's HLO, for the peak-memory
+    breakdown."""
+    from composer_jax.parallel import aot
+    from composer_jax.parallel.mesh import make_mesh
+    from composer_jax.parallel.sharding import context_from_config
+
+    devices, target = plan_devices(cfg)
+    if target is None and os.environ.get("COMPOSER_PLAN_DENSE_RAGGED_DOT") != "1":
+        use_native_grouped_gemm_memory()    # XLA:CPU's own ragged_dot lowering is dense
+    n_dev = len(devices)
     # The step's sharding comes from the rules either way; an Auto mesh lets GSPMD place the rest
     # (mesh.axis_type=explicit changes how constraints are applied, not the layout).
-    mesh = make_mesh(cfg.mesh, devices=jax.devices()[:n_dev], axis_type="auto")
+    mesh = make_mesh(cfg.mesh, devices=devices, axis_type="auto")
     pc = context_from_config(mesh, cfg.mesh)
     step, state, batch, plan = sharded_step(cfg, mesh)
-    t0 = time.time()
-    with jax.set_mesh(mesh):
-        lowered = step.jitted.lower(state, batch)
-    compiled = lowered.compile()
-    compile_s = time.time() - t0
-    mem = compiled.memory_analysis()
-    hlo = compiled.as_text()
     # router selection biases (a few KB) count with the parameters
     p_bytes = _bytes_of(state.params) + _bytes_of(state.buffers)
     o_bytes, b_bytes = _bytes_of(state.opt_state), _bytes_of(batch)
-    temp = int(mem.temp_size_in_bytes)
-    total = int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-                + temp + mem.generated_code_size_in_bytes)
+    t0 = time.time()
+    try:
+        compiled, compile_s = aot.lower_and_compile(step.jitted, state, batch, mesh=mesh,
+                                                    platform="tpu" if target else None)
+    except Exception as e:
+        oom = aot.oom_report(e) if target else None
+        if oom is None:
+            raise
+        # XLA:TPU refuses a program that exceeds HBM: report what it needed
+        return {"mesh": pc.sizes, "rules": pc.rules.name, "num_devices": n_dev,
+                "microbatches": cfg.train.microbatches, "optimizer": cfg.train.optimizer.value,
+                "master_dtype": cfg.train.master_dtype or cfg.execution.param_dtype.value,
+                "per_device_bytes": {"params": p_bytes, "optimizer": o_bytes, "activations": None,
+                                     "batch": b_bytes, "total": oom["used"]},
+                "memory_analysis": None, "largest_buffers": [], "collective_bytes_per_step": {},
+                "largest_collectives": [], "compile_seconds": round(time.time() - t0, 1),
+                "sharding_plan": plan, "target": target, "compile_error": oom}
+    mem = aot.compiled_memory(compiled)
+    hlo = compiled.as_text()
+    total = mem.pop("total")
     coll, top_coll = collective_stats(hlo)
     peak = []
     if dump_dir:
@@ -160,22 +198,64 @@ def compile_plan(cfg, dump_dir: str | None = None) -> dict:
         if found:
             with open(found[0]) as f:
                 peak = peak_buffers(f.read(), hlo)
-    return {
+    out = {
         "mesh": pc.sizes, "rules": pc.rules.name, "num_devices": n_dev,
         "microbatches": cfg.train.microbatches,
         "optimizer": cfg.train.optimizer.value,
         "master_dtype": cfg.train.master_dtype or cfg.execution.param_dtype.value,
-        "per_device_bytes": {"params": p_bytes, "optimizer": o_bytes, "activations": temp,
-                             "batch": b_bytes, "total": total},
-        "memory_analysis": {k: int(getattr(mem, k)) for k in (
-            "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes", "generated_code_size_in_bytes")},
+        "per_device_bytes": {"params": p_bytes, "optimizer": o_bytes,
+                             "activations": mem["temp_size_in_bytes"], "batch": b_bytes,
+                             "total": total},
+        "memory_analysis": mem,
         "largest_buffers": peak,
         "collective_bytes_per_step": coll,
         "largest_collectives": top_coll,
-        "compile_seconds": round(compile_s, 1),
+        "compile_seconds": compile_s,
         "sharding_plan": plan,
+        "target": target,
     }
+    if target:
+        out["programs"] = compile_programs(cfg, mesh, target)
+    return out
+
+
+def compile_programs(cfg, mesh, target: dict) -> dict:
+    """name -> {memory_analysis, per_device_total, fits_hbm, compile_seconds, collectives, detail}
+    of each program of `mesh.compile_programs` (composer_jax.aot_programs), compiled for the TPU
+    target; a program that does not compile records its error (the others still run)."""
+    from composer_jax import aot_programs
+    from composer_jax.parallel import aot
+
+    out = {}
+    for kind in cfg.mesh.programs():
+        try:
+            progs = aot_programs.build(kind, cfg, mesh)
+        except Exception as e:      # noqa: BLE001 - reported per program
+            out[kind] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
+            continue
+        for prog in progs:
+            try:
+                compiled, secs = aot.lower_and_compile(
+                    prog.jitted, *prog.args, mesh=None if kind == "kernels" else mesh)
+            except Exception as e:  # noqa: BLE001
+                oom = aot.oom_report(e)
+                out[prog.name] = {"error": f"{type(e).__name__}: {str(e)[:2000]}",
+                                  "detail": prog.detail}
+                if oom:
+                    out[prog.name].update(per_device_total=oom["used"], fits_hbm=False)
+                continue
+            mem = aot.compiled_memory(compiled)
+            total = mem.pop("total")
+            hlo = compiled.as_text()
+            coll, _ = collective_stats(hlo)
+            out[prog.name] = {"per_device_total": total,
+                              "mosaic_kernels": hlo.count('custom_call_target="tpu_custom_call"'),
+                              "fits_hbm": aot.fits(total, target["hbm_bytes_per_device"]),
+                              "memory_analysis": mem, "collective_bytes": coll,
+                              "compile_seconds": secs, "detail": prog.detail}
+            print(f"compiled {prog.name} for {target['topology']} in {secs}s: "
+                  f"{total / 2**30:.2f} GiB per device", file=sys.stderr, flush=True)
+    return out
 
 
 def main(argv):

@@ -1,0 +1,113 @@
+"""Compiling for a real TPU slice from this CPU machine (composer_jax.parallel.aot).
+
+With libtpu installed (the `tpu` extra: `pip install -e '.[tpu]'`; `.ci/run` installs it) one
+`launch.py --dry_run --set mesh.compile_topology=v5e:2x2` compiles the tiny train step, the RL
+step, the engine's decode step and the TPU Pallas kernels with XLA:TPU and Mosaic; elsewhere those
+tests skip and say how to enable them. The error paths and the target-platform switch need no
+libtpu.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from composer_jax.config import MeshConfig
+from composer_jax.errors import ConfigError
+from composer_jax.parallel import aot, target
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+needs_libtpu = pytest.mark.skipif(
+    not aot.libtpu_installed(),
+    reason=f"libtpu is not installed; to compile for TPUs from this machine: {aot.INSTALL}")
+
+
+@pytest.fixture(scope="module")
+def v5e_dry_run(tmp_path_factory):
+    """One dry run of cpt_debug compiled for v5e:2x2 with the RL, decode and kernel programs."""
+    work = tmp_path_factory.mktemp("tpu_aot")
+    cmd = [sys.executable, "launch.py", "--experiment=cpt_debug", "--dry_run", f"--workdir={work}",
+           "--set", "mesh.compile_topology=v5e:2x2",
+           "--set", "mesh.compile_programs=rl,decode,kernels"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((work / "dry_run.json").read_text()), proc.stdout
+
+
+@needs_libtpu
+def test_tpu_aot_train_step_compiles_for_v5e(v5e_dry_run):
+    r, out = v5e_dry_run
+    t = r["target"]
+    assert (t["platform"], t["topology"], t["device_kind"]) == ("tpu", "v5e:2x2", "TPU v5 lite")
+    assert (t["num_chips"], t["num_devices"], t["compiled_for_target"]) == (4, 4, True)
+    assert t["hbm_bytes_per_chip"] == t["hbm_bytes_per_device"] == 16 * 2**30
+    assert r["mesh"]["fsdp"] == 4 and r["fits_hbm"] is True and r["compile_error"] is None
+    mem, pdb = r["memory_analysis"], r["per_device_bytes"]
+    # the TPU compiler's arguments hold the fsdp-sharded state and the batch shard
+    assert mem["argument_size_in_bytes"] >= pdb["params"] + pdb["optimizer"]
+    assert 0 < pdb["total"] < 2**30 and pdb["activations"] == mem["temp_size_in_bytes"] > 0
+    assert sum(r["collective_bytes_per_step"].values()) > 0     # fsdp gathers and reductions
+    assert "compiled by XLA:TPU for v5e:2x2" in out and "fits" in out
+
+
+@needs_libtpu
+def test_tpu_aot_rl_decode_and_kernels_compile_for_v5e(v5e_dry_run):
+    progs = v5e_dry_run[0]["programs"]
+    assert set(progs) == {"rl", "decode", "kernel:block_scaled_matmul",
+                          "kernel:grouped_block_scaled_matmul", "kernel:quantize_mxfp8"}
+    for name, p in progs.items():
+        assert "error" not in p, (name, p.get("error"))
+        assert p["fits_hbm"] is True and p["per_device_total"] > 0
+    assert progs["decode"]["detail"]["cache_bytes"] > 0
+    assert sum(progs["rl"]["collective_bytes"].values()) > 0
+    for k in ("block_scaled_matmul", "grouped_block_scaled_matmul", "quantize_mxfp8"):
+        assert progs[f"kernel:{k}"]["mosaic_kernels"] >= 1      # Mosaic compiled, not interpreted
+
+
+def test_tpu_aot_bad_topology_names_list_the_valid_ones():
+    for bad in ("v5e", "v9:2x2", "v5e-8"):
+        with pytest.raises(ConfigError, match=r"valid topology names .*v5p:4x4x4.*tpu7x:8x8x4"):
+            aot.check_name(bad)
+    assert aot.check_name("tpu7x:8x8x4") == ("tpu7x", (8, 8, 4))
+
+
+def test_tpu_aot_without_libtpu_names_the_install(monkeypatch):
+    monkeypatch.setattr(aot, "libtpu_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"libtpu.*pip install -e '\.\[tpu\]'"):
+        aot.topology_devices("v5e:2x2")
+
+
+def test_tpu_aot_compile_programs_are_validated():
+    assert MeshConfig().programs() == ()
+    assert MeshConfig(compile_topology="v5e:2x2", compile_programs="all").programs() == (
+        "rl", "prefill", "decode", "spec", "kernels")
+    with pytest.raises(ConfigError, match="unknown program"):
+        MeshConfig(compile_topology="v5e:2x2", compile_programs="rl,foo")
+    with pytest.raises(ConfigError, match="needs mesh.compile_topology"):
+        MeshConfig(compile_programs="rl")
+
+
+def test_tpu_aot_oom_report_reads_the_tpu_compiler_message():
+    err = RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+                       "memory space hbm. Used 40.50G of 31.25G hbm. Exceeded hbm capacity by 9.25G.")
+    r = aot.oom_report(err)
+    assert (r["used"], r["limit"]) == (int(40.5 * 2**30), int(31.25 * 2**30))
+    assert aot.oom_report(ValueError("shape mismatch")) is None
+
+
+def test_tpu_aot_target_platform_switches_the_cpu_paths():
+    """Traced inside compiling_for('tpu') the MoE grouped matmul is ragged_dot (the TPU path), on
+    the CPU backend it is the blocked einsum."""
+    from composer_jax.quant.grouped import grouped_matmul
+    x, w = jnp.zeros((16, 8)), jnp.zeros((2, 8, 4))
+    gs = jnp.array([10, 6], jnp.int32)
+    assert target.platform() == "cpu"
+    assert "ragged_dot_general" not in str(jax.make_jaxpr(grouped_matmul)(x, w, gs))
+    with target.compiling_for("tpu"):
+        assert target.platform() == "tpu"
+        assert "ragged_dot_general" in str(jax.make_jaxpr(grouped_matmul)(x, w, gs))
+    assert target.platform() == "cpu"
