@@ -15,7 +15,10 @@ output size are enforced from outside (composer_jax.env.procio).
 
 Backend "fallback" (no bubblewrap, e.g. Colab) runs the command directly in a scratch copy with the
 same rlimits and a process group, and warns loudly: it does NOT isolate the filesystem (absolute
-paths reach the host), the network, or processes that leave their session.
+paths reach the host), the network, or processes that leave their session. As root it still drops
+to the dedicated uid; that uid cannot traverse private directories such as /root, so an
+interpreter installed there (pyenv's /root/.pyenv) is used through `sandbox_python`: a hard-linked
+(else copied), world-readable mirror of its install prefix, made once per process.
 """
 from __future__ import annotations
 
@@ -30,10 +33,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
 from composer_jax.env.config import EnvConfig, SandboxBackend
+from composer_jax.env.pythons import PythonInstall
 from composer_jax.env.procio import ProcResult, close_process, drain, kill_group, run_process
 from composer_jax.errors import ComposerError
 
@@ -124,6 +129,74 @@ def allocate_uid() -> int | None:
     return 200000 + secrets.randbelow(1_000_000)
 
 
+def uid_can_run(uid: int, python_exe: str) -> bool:
+    """True if `uid` (no groups, no capabilities) can start `python_exe` and import its stdlib."""
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    lib = _MIRRORS.get(str(pathlib.Path(python_exe).parent.parent))
+    if lib:
+        env["LD_LIBRARY_PATH"] = lib
+    try:
+        r = subprocess.run(["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                            "--", python_exe, "-I", "-S", "-B", "-c", "import os, unittest"],
+                           env=env, cwd="/", capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+_MIRRORS: dict[str, str] = {}   # mirror prefix -> its lib dir (LD_LIBRARY_PATH for libpython)
+_MIRROR_LOCK = threading.Lock()
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem (or links refused): a plain copy
+        shutil.copy2(src, dst)
+
+
+@functools.lru_cache(maxsize=None)
+def _mirror(prefix: str) -> str:
+    """A world-readable mirror of the install `prefix` (hard links where possible), removed at
+    exit."""
+    d = tempfile.mkdtemp(prefix="cj-python-")
+    os.chmod(d, 0o755)
+    atexit.register(shutil.rmtree, d, True)
+    dst = os.path.join(d, pathlib.Path(prefix).name)
+    shutil.copytree(prefix, dst, symlinks=True, copy_function=_link_or_copy)
+    _MIRRORS[dst] = dst + "/lib"
+    return dst
+
+
+def sandbox_python(py: PythonInstall, backend: SandboxBackend) -> PythonInstall:
+    """`py` as the sandbox's commands reach it. Only the fallback run as root changes anything:
+    its commands run as an unprivileged uid, which cannot reach an install below a private
+    directory (pyenv's /root/.pyenv); that install is then used through a world-readable mirror
+    of its prefix (`_mirror`). SandboxError if even the mirror is unusable."""
+    if backend != SandboxBackend.FALLBACK or os.geteuid() != 0:
+        return py
+    with _MIRROR_LOCK:
+        return _reachable_python(py)
+
+
+@functools.lru_cache(maxsize=None)
+def _reachable_python(py: PythonInstall) -> PythonInstall:
+    probe_uid = 1_200_001  # above allocate_uid's range: owns nothing
+    if py.prefix in _MIRRORS or uid_can_run(probe_uid, py.executable):
+        return py
+    prefix = _mirror(py.prefix)
+    rel = lambda p: prefix + p[len(py.prefix):]  # noqa: E731
+    mirrored = PythonInstall(py.version, py.full_version, prefix, rel(py.executable),
+                             rel(py.stdlib))
+    if not uid_can_run(probe_uid, mirrored.executable):
+        raise SandboxError(
+            f"env.sandbox_backend=fallback runs commands as an unprivileged uid, which can run "
+            f"neither CPython {py.version} at {py.executable} nor its mirror "
+            f"{mirrored.executable}; install that CPython where every user can read it (e.g. "
+            f"under /opt) and list its prefix in CJ_PYTHON_PREFIXES, or install bubblewrap")
+    return mirrored
+
+
 def _system_binds() -> list[str]:
     """Read-only binds of the host system: /usr (and the usual /bin, /lib symlinks) and a few /etc files."""
     args = ["--ro-bind", "/usr", "/usr"]
@@ -175,10 +248,14 @@ class Sandbox:
         """The environment commands see (nothing inherited from the host)."""
         bins = [p + "/bin" for p in self.python_prefixes[:1]]
         home = "/tmp" if self.backend == SandboxBackend.BWRAP else str(self._home)
-        return {"PATH": ":".join(bins + ["/usr/local/bin", "/usr/bin", "/bin"]), "HOME": home,
-                "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb",
-                "PAGER": "cat", "GIT_PAGER": "cat", "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
+        env = {"PATH": ":".join(bins + ["/usr/local/bin", "/usr/bin", "/bin"]), "HOME": home,
+               "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb",
+               "PAGER": "cat", "GIT_PAGER": "cat", "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
+        libs = [_MIRRORS[p] for p in self.python_prefixes[:1] if p in _MIRRORS]
+        if libs:  # a mirrored interpreter whose RUNPATH names the unreachable original
+            env["LD_LIBRARY_PATH"] = libs[0]
+        return env
 
     def _bwrap_prefix(self) -> list[str]:
         args = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
