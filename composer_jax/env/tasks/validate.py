@@ -76,7 +76,11 @@ class Scratch:
         """Runs test `names` here; `timeout_s` defaults to the short generation timeout."""
         timeout = timeout_s or self.timeout
         if self.server is not None:
-            return self.server.run(names, modules=modules, timeout_s=timeout)
+            run = self.server.run(names, modules=modules, timeout_s=timeout)
+            if run.ok or run.detail != "eof":
+                return run
+            # The server itself died (tests run in its forks): rerun directly, so the failure's
+            # detail is the interpreter's own output rather than "eof".
         return run_tests(self.sandbox, self.py.executable, names, modules=modules,
                          timeout_s=timeout)
 
