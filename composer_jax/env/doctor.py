@@ -104,7 +104,7 @@ def smoke_config(cfg: EnvConfig) -> EnvConfig:
     newest = max(cfg.python_versions, key=lambda v: tuple(map(int, v.split("."))))
     return dataclasses.replace(cfg, python_versions=(newest,), num_tasks=1,
                                max_tasks_per_module=1, kinds=("bug",), workers=1,
-                               modules=cfg.modules or ("graphlib", "colorsys", "fnmatch"),
+                               modules=cfg.modules or ("graphlib", "fnmatch", "getopt"),
                                package_sources=(), use_embeddings=False, pool_dir="")
 
 

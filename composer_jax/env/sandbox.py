@@ -129,19 +129,21 @@ def allocate_uid() -> int | None:
     return 200000 + secrets.randbelow(1_000_000)
 
 
-def uid_can_run(uid: int, python_exe: str) -> bool:
-    """True if `uid` (no groups, no capabilities) can start `python_exe` and import its stdlib."""
+def uid_can_run(uid: int, py: PythonInstall) -> bool:
+    """True if `uid` (no groups, no capabilities) can start `py` with its own stdlib. (An
+    interpreter whose prefix the uid cannot read may still start, with another
+    Python's stdlib found by its search: that counts as False.)"""
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    lib = _MIRRORS.get(str(pathlib.Path(python_exe).parent.parent))
-    if lib:
-        env["LD_LIBRARY_PATH"] = lib
+    if py.prefix in _MIRRORS:
+        env["LD_LIBRARY_PATH"] = _MIRRORS[py.prefix]
+    code = "import os, sys; sys.stdout.write(os.path.dirname(os.__file__))"
     try:
         r = subprocess.run(["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                            "--", python_exe, "-I", "-S", "-B", "-c", "import os, unittest"],
-                           env=env, cwd="/", capture_output=True, timeout=30)
+                            "--", py.executable, "-I", "-S", "-B", "-c", code],
+                           env=env, cwd="/", capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return r.returncode == 0
+    return r.returncode == 0 and os.path.realpath(r.stdout) == os.path.realpath(py.stdlib)
 
 
 _MIRRORS: dict[str, str] = {}   # mirror prefix -> its lib dir (LD_LIBRARY_PATH for libpython)
@@ -182,13 +184,13 @@ def sandbox_python(py: PythonInstall, backend: SandboxBackend) -> PythonInstall:
 @functools.lru_cache(maxsize=None)
 def _reachable_python(py: PythonInstall) -> PythonInstall:
     probe_uid = 1_200_001  # above allocate_uid's range: owns nothing
-    if py.prefix in _MIRRORS or uid_can_run(probe_uid, py.executable):
+    if py.prefix in _MIRRORS or uid_can_run(probe_uid, py):
         return py
     prefix = _mirror(py.prefix)
     rel = lambda p: prefix + p[len(py.prefix):]  # noqa: E731
     mirrored = PythonInstall(py.version, py.full_version, prefix, rel(py.executable),
                              rel(py.stdlib))
-    if not uid_can_run(probe_uid, mirrored.executable):
+    if not uid_can_run(probe_uid, mirrored):
         raise SandboxError(
             f"env.sandbox_backend=fallback runs commands as an unprivileged uid, which can run "
             f"neither CPython {py.version} at {py.executable} nor its mirror "
