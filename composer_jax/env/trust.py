@@ -34,10 +34,11 @@ def require_sandboxed_rewards(cfg: EnvConfig, what: str) -> str:
     if effective_backend(cfg) != SandboxBackend.FALLBACK:
         return SANDBOXED
     if not cfg.allow_unsandboxed_rewards:
+        why = ("env.sandbox_backend=fallback" if cfg.sandbox_backend == SandboxBackend.FALLBACK
+               else "env.sandbox_backend=auto found no working bubblewrap")
         raise ConfigError(
-            f"{what} trains on rewards graded by running the policy's code, and this machine has "
-            f"no working bubblewrap sandbox (env.sandbox_backend={cfg.sandbox_backend.value} -> "
-            f"fallback): the code could reach the host's files, the network and the grader, and "
+            f"{what} trains on rewards graded by running the policy's code, and its episodes "
+            f"would run WITHOUT A SANDBOX ({why}): the code could reach the host's files, the network and the grader, and "
             f"the policy would learn to tamper with its reward. Install bubblewrap (Debian/Ubuntu: "
             f"apt-get install bubblewrap; check with `python launch.py --experiment=env_doctor`), "
             f"or accept the risk with --set env.allow_unsandboxed_rewards=true (the run summary "

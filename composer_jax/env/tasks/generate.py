@@ -88,6 +88,8 @@ def shortfall_message(summary: dict, cfg: EnvConfig, pool_dir) -> str:
         if summary[key]:
             lines.append(f"most common reasons {title}:")
             lines += [f"  {count:6d}  {why}" for why, count in summary[key].items()]
+            if key == "baseline_failures" and summary.get("baseline_failure_example"):
+                lines.append(f"  e.g. {summary['baseline_failure_example']}")
     if summary["modules_baselined"] == 0:
         lines.append(f"what to do: no source module was found for env.python_versions="
                      f"{','.join(cfg.python_versions)} (CPythons found: {sorted(find_pythons())}; "
@@ -395,6 +397,9 @@ class Generator:
                 "modules_baselined": len(self.baselines), "modules_usable": usable,
                 "baseline_failures": top_reasons(b.reason for b in self.baselines.values()
                                                  if not b.usable),
+                "baseline_failure_example": next((" ".join(b.reason.split())[:300]
+                                                  for b in self.baselines.values()
+                                                  if not b.usable), ""),
                 "rejections": top_reasons(self.rejected),
                 "stats": dict(self.stats)}
 
