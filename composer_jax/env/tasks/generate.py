@@ -83,13 +83,14 @@ def shortfall_message(summary: dict, cfg: EnvConfig, pool_dir) -> str:
              f"modules baselined: {summary['modules_baselined']}, usable: "
              f"{summary['modules_usable']} (usable: the module's own tests pass in the sandbox); "
              f"candidates tried: {summary['stats'].get('candidates', 0)}"]
-    for title, key in (("modules unusable because", "baseline_failures"),
-                       ("candidates rejected because", "rejections")):
+    for title, key in (("modules were unusable", "baseline_failures"),
+                       ("candidates were rejected", "rejections")):
         if summary[key]:
             lines.append(f"most common reasons {title}:")
             lines += [f"  {count:6d}  {why}" for why, count in summary[key].items()]
-            if key == "baseline_failures" and summary.get("baseline_failure_example"):
-                lines.append(f"  e.g. {summary['baseline_failure_example']}")
+            example = summary.get("baseline_failure_example", "")
+            if key == "baseline_failures" and example and example not in summary[key]:
+                lines.append(f"  e.g. {example}")
     if summary["modules_baselined"] == 0:
         lines.append(f"what to do: no source module was found for env.python_versions="
                      f"{','.join(cfg.python_versions)} (CPythons found: {sorted(find_pythons())}; "
@@ -137,7 +138,8 @@ def baseline(sx, src: ModuleSource, cfg: EnvConfig) -> cands.Baseline:
             again = sx.run(list(tests), timeout_s=cfg.baseline_timeout_s)
             passing = frozenset(t for t in passing if again.passed(t))
     if not run.ok:
-        reason = "baseline run failed: " + run.detail[-120:]
+        last = [ln.strip() for ln in run.detail.splitlines() if ln.strip()] or ["no output"]
+        reason = "baseline run failed: " + last[-1][-160:]  # e.g. the exception line
     elif not where.endswith("/" + src.module_file) or not where.startswith(sx.sandbox.workdir):
         reason = f"module imported from {where!r}, not the workspace"
     elif len(passing) < MIN_PASSING:
