@@ -42,7 +42,10 @@ def no_bwrap(tmp_path, monkeypatch):
 def _fallback(**kw) -> EnvConfig:
     base = dict(sandbox_backend=SandboxBackend.FALLBACK, python_versions=(NEWEST,),
                 modules=("graphlib",), kinds=("bug",), package_sources=(), workers=1,
-                use_embeddings=False, command_timeout_s=10.0)
+                use_embeddings=False, command_timeout_s=20.0,
+                # generous time limits: CI machines are loaded (the path is tested, not speed)
+                max_task_test_seconds=5.0, max_test_file_seconds=10.0, baseline_timeout_s=60.0,
+                test_timeout_s=60.0)
     return EnvConfig(**{**base, **kw})
 
 
