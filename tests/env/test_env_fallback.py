@@ -153,7 +153,6 @@ def test_rl_coding_run_refuses_before_building_anything(no_bwrap, tmp_path, monk
     def boom(*a, **k):
         raise AssertionError("built something before the sandbox check")
     monkeypatch.setattr(rl_exp, "prepare_coding", boom)
-    monkeypatch.setattr(rl_exp, "run_rl", boom, raising=False)
     cfg = rl_exp._config(2)
     cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, tasks=RLTasks.CODING))
     assert isinstance(cfg, Config) and cfg.env.sandbox_backend == SandboxBackend.AUTO
