@@ -92,19 +92,24 @@ def staged_assets() -> str:
     return d
 
 
-@functools.lru_cache(maxsize=1)
-def bwrap_works() -> bool:
-    """True if `bwrap` exists and can create the namespaces we use on this machine."""
+def bwrap_error() -> str:
+    """"" if `bwrap` exists and can create the namespaces we use on this machine, else why not."""
     exe = shutil.which("bwrap")
     if not exe:
-        return False
+        return "`bwrap` is not on PATH"
     try:
         r = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
                             "--proc", "/proc", "--dev", "/dev", "true"],
-                           capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return "" if r.returncode == 0 else (r.stderr.strip()[-300:] or f"exit {r.returncode}")
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_works() -> bool:
+    """True if `bwrap` exists and can create the namespaces we use on this machine."""
+    return not bwrap_error()
 
 
 def resolve_backend(requested: SandboxBackend) -> SandboxBackend:

@@ -164,3 +164,19 @@ def test_rl_coding_run_refuses_before_building_anything(no_bwrap, tmp_path, monk
                                                                allow_unsandboxed_rewards=True))
         with pytest.raises(AssertionError, match="built something"):  # gets past the check
             rl_exp.run(cfg, tmp_path)
+
+
+@pytest.mark.filterwarnings("ignore:composer_jax.env. bubblewrap:RuntimeWarning")
+def test_env_doctor_reports_the_fallback_and_passes_its_smoke_test(no_bwrap, tmp_path):
+    from composer_jax.env.doctor import diagnose
+    cfg = EnvConfig(python_versions=(NEWEST,), max_task_test_seconds=5.0,
+                    max_test_file_seconds=10.0, baseline_timeout_s=60.0, test_timeout_s=60.0)
+    report = diagnose(cfg, tmp_path)
+    assert report["requested_backend"] == "auto" and report["backend"] == "fallback"
+    assert report["bwrap"] == {"path": None, "works": False, "error": "`bwrap` is not on PATH"}
+    assert set(report["namespaces"]) >= {"user", "mount", "pid", "net", "ipc"}
+    assert report["interpreters"]["configured"][NEWEST].startswith("ok")
+    assert "env.allow_unsandboxed_rewards=true" in report["rl_training"]
+    smoke = report["smoke_test"]
+    assert smoke["ok"] and smoke["oracle_resolved"] == 1.0 and smoke["null_resolved"] == 0.0
+    assert smoke["python"] == {NEWEST: 1}
