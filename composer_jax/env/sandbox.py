@@ -46,10 +46,11 @@ ASSETS_DIR = pathlib.Path(__file__).resolve().parent / "assets"
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_ASSETS = "/opt/cj"
 FALLBACK_WARNING = (
-    "composer_jax.env: bubblewrap (`bwrap`) is not available; commands run WITHOUT A SANDBOX. "
+    "commands run WITHOUT A SANDBOX. "
     "Only rlimits, a scratch copy of the workspace and process-group kills protect the host: "
     "absolute paths, the network (127.0.0.1 included) and processes that call setsid are NOT "
-    "contained. Install the Debian package `bubblewrap` for real isolation.")
+    "contained. Install the Debian package `bubblewrap` for real isolation (check a machine with "
+    "`python launch.py --experiment=env_doctor`).")
 
 
 class SandboxError(ComposerError):
@@ -122,8 +123,11 @@ def resolve_backend(requested: SandboxBackend) -> SandboxBackend:
         return SandboxBackend.BWRAP
     if requested == SandboxBackend.AUTO and bwrap_works():
         return SandboxBackend.BWRAP
-    warnings.warn(FALLBACK_WARNING, RuntimeWarning, stacklevel=2)
-    print("WARNING: " + FALLBACK_WARNING, file=sys.stderr)
+    why = ("env.sandbox_backend=fallback" if requested == SandboxBackend.FALLBACK else
+           "bubblewrap (`bwrap`) is not available")
+    message = f"composer_jax.env: {why}; {FALLBACK_WARNING}"
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+    print("WARNING: " + message, file=sys.stderr)
     return SandboxBackend.FALLBACK
 
 

@@ -55,7 +55,7 @@ def test_auto_without_bwrap_resolves_to_the_fallback(no_bwrap):
         assert resolve_backend(SandboxBackend.AUTO) == SandboxBackend.FALLBACK
 
 
-@pytest.mark.filterwarnings("ignore:composer_jax.env. bubblewrap:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:.*WITHOUT A SANDBOX:RuntimeWarning")
 def test_fallback_runs_the_whole_env_path(no_bwrap, tmp_path, sample_dir):
     """Generate a small pool, then oracle and null, all on the fallback backend; then a second
     generation asking for more than the sources give is an error that says they ran dry."""
@@ -109,7 +109,7 @@ def _same_fs(a: str, b: str) -> bool:
     return os.stat(a).st_dev == os.stat(b).st_dev
 
 
-@pytest.mark.filterwarnings("ignore:composer_jax.env. bubblewrap:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:.*WITHOUT A SANDBOX:RuntimeWarning")
 def test_broken_interpreters_fail_generation_with_reason_counts(broken_python, tmp_path):
     cfg = _fallback(num_tasks=2, modules=("graphlib", "fnmatch"))
     with pytest.raises(GenerationError) as e:
@@ -166,7 +166,7 @@ def test_rl_coding_run_refuses_before_building_anything(no_bwrap, tmp_path, monk
             rl_exp.run(cfg, tmp_path)
 
 
-@pytest.mark.filterwarnings("ignore:composer_jax.env. bubblewrap:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:.*WITHOUT A SANDBOX:RuntimeWarning")
 def test_env_doctor_reports_the_fallback_and_passes_its_smoke_test(no_bwrap, tmp_path):
     from composer_jax.env.doctor import diagnose
     cfg = EnvConfig(python_versions=(NEWEST,), max_task_test_seconds=5.0,
