@@ -16,7 +16,7 @@ TMP=$(mktemp -d /tmp/cj-fallback-acceptance-XXXXXX)
 chmod 755 "$TMP"
 rm -rf "$OUT" && mkdir -p "$OUT"
 LOG="$OUT/run.txt"
-clean() { tr '\r' '\n' | grep -v -e "WITHOUT A SANDBOX" -e "self.backend = " -e "^[IW][0-9]\{4\} " \
+clean() { tr '\r' '\n' | grep -v -e "^WARNING: composer_jax.env: " -e "RuntimeWarning: composer_jax.env: " -e "self.backend = " -e "^[IW][0-9]\{4\} " \
           -e "^env tasks:" -e "^env_check:" -e "^\s*$"; }
 run() { echo "\$ $*" >> "$LOG"; "$@" 2>&1 | clean >> "$LOG"; echo "exit status: ${PIPESTATUS[0]}" >> "$LOG"; }
 

@@ -15,7 +15,7 @@ from composer_jax.env import open_workspace
 from composer_jax.env.check import EmptyPoolError, check_pool
 from composer_jax.env.config import EnvConfig, SandboxBackend
 from composer_jax.env.pythons import find_pythons
-from composer_jax.env.sandbox import bwrap_works, resolve_backend
+from composer_jax.env.sandbox import _link_or_copy, bwrap_works, resolve_backend
 from composer_jax.env.tasks.generate import GenerationError, generate_pool
 from composer_jax.env.trust import SANDBOXED, UNSANDBOXED, record_in_summary, require_sandboxed_rewards
 from composer_jax.errors import ConfigError
@@ -91,7 +91,7 @@ def broken_python(monkeypatch):
     os.chmod(top, 0o755)
     prefix = os.path.join(top, "py")
     shutil.copytree(real.prefix, prefix, symlinks=True, ignore=shutil.ignore_patterns("site-packages"),
-                    copy_function=lambda s, d: os.link(s, d) if _same_fs(s, top) else shutil.copy2(s, d))
+                    copy_function=_link_or_copy)
     ut = pathlib.Path(prefix, "lib", f"python{NEWEST}", "unittest")
     for f in [ut / "__init__.py", *(ut / "__pycache__").glob("__init__.*")]:
         f.unlink()  # never write through a hard link into the real install
@@ -103,10 +103,6 @@ def broken_python(monkeypatch):
     monkeypatch.delenv("CJ_PYTHON_PREFIXES")
     find_pythons.cache_clear()
     shutil.rmtree(top, ignore_errors=True)
-
-
-def _same_fs(a: str, b: str) -> bool:
-    return os.stat(a).st_dev == os.stat(b).st_dev
 
 
 @pytest.mark.filterwarnings("ignore:.*WITHOUT A SANDBOX:RuntimeWarning")
