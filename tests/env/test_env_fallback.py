@@ -176,3 +176,18 @@ def test_env_doctor_reports_the_fallback_and_passes_its_smoke_test(no_bwrap, tmp
     smoke = report["smoke_test"]
     assert smoke["ok"] and smoke["oracle_resolved"] == 1.0 and smoke["null_resolved"] == 0.0
     assert smoke["python"] == {NEWEST: 1}
+
+
+def test_shortfall_advice_follows_the_most_common_failure():
+    from composer_jax.env.tasks.generate import reason_key, shortfall_message
+    base = {"num_tasks": 0, "modules_baselined": 3, "modules_usable": 1, "stats": {"candidates": 9},
+            "baseline_failures": {}, "rejections": {}}
+    cases = [({"modules_baselined": 0, "modules_usable": 0}, "no source module was found"),
+             ({"modules_usable": 0}, "env_doctor"),
+             ({"rejections": {"task tests too slow: Ns": 7, "flaky": 2}}, "ran slower than"),
+             ({"rejections": {"no test fails before the fix": 9}}, "sources ran dry")]
+    for over, advice in cases:
+        msg = shortfall_message({**base, **over}, EnvConfig(num_tasks=6), "/pool")
+        assert msg.startswith("env_generate made 0 of the 6 tasks") and advice in msg, (over, msg)
+    assert reason_key("timed out after 3.5s in /tmp/x/y.py\n line 12") == \
+        "timed out after Ns in PATH line N"

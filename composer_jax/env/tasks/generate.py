@@ -100,6 +100,11 @@ def shortfall_message(summary: dict, cfg: EnvConfig, pool_dir) -> str:
         lines.append("what to do: no module's tests pass in the sandbox, so the sandbox or the "
                      "interpreters are broken: run `python launch.py --experiment=env_doctor` "
                      "(backend, namespaces, interpreters and a one-task smoke test)")
+    elif any("too slow" in why for why in list(summary["rejections"])[:1]):
+        lines.append("what to do: most candidates' tests ran slower than env.max_task_test_seconds "
+                     f"({cfg.max_task_test_seconds:g}s): on a loaded machine rerun when it is "
+                     "quieter (the run resumes), or raise env.max_task_test_seconds and "
+                     "env.max_test_file_seconds")
     else:
         lines.append("what to do: the sources ran dry: raise env.max_tasks_per_module, add "
                      "env.python_versions or env.package_sources, widen env.kinds or env.modules, "
