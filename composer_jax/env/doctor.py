@@ -73,12 +73,13 @@ def interpreters(cfg: EnvConfig, backend: SandboxBackend) -> dict:
 
 
 def smoke_test(cfg: EnvConfig, workdir: pathlib.Path) -> dict:
-    """Generates one task (reusing WORKDIR/doctor/pool) and runs the oracle and null agents on it
+    """Generates one task afresh in WORKDIR/doctor/pool and runs the oracle and null agents on it
     (their env_check.json goes to WORKDIR/doctor)."""
     from composer_jax.env.check import check_pool
     from composer_jax.env.tasks.generate import GenerationError, generate_pool
     workdir = pathlib.Path(workdir) / "doctor"
     pool = workdir / "pool"
+    shutil.rmtree(pool, ignore_errors=True)  # a smoke test of generation too: never reuse
     start = time.monotonic()
     try:
         gen = generate_pool(cfg, pool, progress=False)
