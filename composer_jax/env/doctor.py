@@ -37,7 +37,8 @@ def namespaces() -> dict:
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
     out = {}
     for kind, flags in NAMESPACES.items():
-        argv = [exe] + (["--user", "--map-root-user"] if kind == "user" else user + flags) + ["true"]
+        ns = ["--user", "--map-root-user"] if kind == "user" else user + flags
+        argv = [exe] + ns + ["true"]
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=20)
             out[kind] = "yes" if r.returncode == 0 else "no: " + r.stderr.strip()[-120:]

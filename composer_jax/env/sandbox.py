@@ -147,8 +147,8 @@ def uid_can_run(uid: int, py: PythonInstall) -> bool:
         env["LD_LIBRARY_PATH"] = _MIRRORS[py.prefix]
     code = "import os, sys; sys.stdout.write(os.path.dirname(os.__file__))"
     try:
-        r = subprocess.run(["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                            "--", py.executable, "-I", "-S", "-B", "-c", code],
+        r = subprocess.run(["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
+                            "--clear-groups", "--", py.executable, "-I", "-S", "-B", "-c", code],
                            env=env, cwd="/", capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False

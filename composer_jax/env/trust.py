@@ -28,7 +28,7 @@ def effective_backend(cfg: EnvConfig) -> SandboxBackend:
 
 
 def require_sandboxed_rewards(cfg: EnvConfig, what: str) -> str:
-    """For a run that trains on code graded in the sandbox (`what` names it, e.g. "rl.tasks=coding"):
+    """For a run training on code graded in the sandbox (`what` names it, e.g. "rl.tasks=coding"):
     ConfigError on the fallback backend without `env.allow_unsandboxed_rewards=true`; otherwise
     SANDBOXED or UNSANDBOXED (for the run's summary; the latter also warns on stderr)."""
     if effective_backend(cfg) != SandboxBackend.FALLBACK:
@@ -38,11 +38,11 @@ def require_sandboxed_rewards(cfg: EnvConfig, what: str) -> str:
                else "env.sandbox_backend=auto found no working bubblewrap")
         raise ConfigError(
             f"{what} trains on rewards graded by running the policy's code, and its episodes "
-            f"would run WITHOUT A SANDBOX ({why}): the code could reach the host's files, the network and the grader, and "
-            f"the policy would learn to tamper with its reward. Install bubblewrap (Debian/Ubuntu: "
-            f"apt-get install bubblewrap; check with `python launch.py --experiment=env_doctor`), "
-            f"or accept the risk with --set env.allow_unsandboxed_rewards=true (the run summary "
-            f"then records it as unsandboxed)")
+            f"would run WITHOUT A SANDBOX ({why}): the code could reach the host's files, the "
+            f"network and the grader, and the policy would learn to tamper with its reward. "
+            f"Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; check with `python "
+            f"launch.py --experiment=env_doctor`), or accept the risk with --set "
+            f"env.allow_unsandboxed_rewards=true (the run summary then records it as unsandboxed)")
     print(f"WARNING: {what}: training on UNSANDBOXED rewards (env.allow_unsandboxed_rewards=true): "
           f"the policy's code runs without isolation", file=sys.stderr)
     return UNSANDBOXED

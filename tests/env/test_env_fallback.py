@@ -17,7 +17,8 @@ from composer_jax.env.config import EnvConfig, SandboxBackend
 from composer_jax.env.pythons import find_pythons
 from composer_jax.env.sandbox import _link_or_copy, bwrap_works, resolve_backend
 from composer_jax.env.tasks.generate import GenerationError, generate_pool
-from composer_jax.env.trust import SANDBOXED, UNSANDBOXED, record_in_summary, require_sandboxed_rewards
+from composer_jax.env.trust import (SANDBOXED, UNSANDBOXED, record_in_summary,
+                                    require_sandboxed_rewards)
 from composer_jax.errors import ConfigError
 
 NEWEST = sorted(find_pythons(), key=lambda v: tuple(map(int, v.split("."))))[-1]
@@ -90,8 +91,8 @@ def broken_python(monkeypatch):
     top = tempfile.mkdtemp(prefix="cj-broken-python-")
     os.chmod(top, 0o755)
     prefix = os.path.join(top, "py")
-    shutil.copytree(real.prefix, prefix, symlinks=True, ignore=shutil.ignore_patterns("site-packages"),
-                    copy_function=_link_or_copy)
+    shutil.copytree(real.prefix, prefix, symlinks=True, copy_function=_link_or_copy,
+                    ignore=shutil.ignore_patterns("site-packages"))
     ut = pathlib.Path(prefix, "lib", f"python{NEWEST}", "unittest")
     for f in [ut / "__init__.py", *(ut / "__pycache__").glob("__init__.*")]:
         f.unlink()  # never write through a hard link into the real install
@@ -114,7 +115,8 @@ def test_broken_interpreters_fail_generation_with_reason_counts(broken_python, t
     assert summary["num_tasks"] == 0 and summary["modules_baselined"] == 2
     assert summary["modules_usable"] == 0
     [(reason, count)] = summary["baseline_failures"].items()
-    assert count == 2 and reason.startswith("baseline run failed") and "deliberately broken" in reason
+    assert count == 2 and reason.startswith("baseline run failed")
+    assert "deliberately broken" in reason
     assert "made 0 of the 2 tasks" in msg and f"{count:6d}  {reason}" in msg
     assert "env_doctor" in msg
     # env_check on that pool: empty because generation failed (not "never run").
