@@ -5,6 +5,8 @@
   env_generate_eval  the same from the held-out modules only (evaluation tasks)
   env_check          run the oracle and null agents over the pool; write WORKDIR/env_check.json
                      (with per-kind counts and median lines_changed)
+  env_doctor         what works on this machine: sandbox backend, namespaces, interpreters, and a
+                     one-task smoke test (generate, oracle, null); WORKDIR/env_doctor.json
 
 Override with e.g. `--set env.num_tasks=300 --set env.python_versions=3.12,3.13`.
 No JAX is imported by these experiments.
@@ -39,10 +41,14 @@ def _check_config() -> Config:
 
 
 def _generate(cfg: Config, workdir: pathlib.Path) -> dict:
-    from composer_jax.env.tasks.generate import generate_pool
+    from composer_jax.env.tasks.generate import GenerationError, generate_pool
     from composer_jax.runlog import MetricsWriter
 
-    summary = generate_pool(cfg.env, pool_dir(cfg, workdir))
+    try:
+        summary = generate_pool(cfg.env, pool_dir(cfg, workdir))
+    except GenerationError as e:  # keep the summary (reason counts) next to the error
+        (pathlib.Path(workdir) / "env_generate.json").write_text(json.dumps(e.summary, indent=1))
+        raise
     with MetricsWriter(workdir, tensorboard=False) as m:
         m.write(summary["num_tasks"], {"num_tasks": summary["num_tasks"],
                                        "generation_seconds": summary["seconds"],
@@ -57,11 +63,13 @@ def _generate(cfg: Config, workdir: pathlib.Path) -> dict:
 
 
 def _check(cfg: Config, workdir: pathlib.Path) -> dict:
-    from composer_jax.env.check import check_pool
+    from composer_jax.env.check import EmptyPoolError, check_pool, empty_pool_message
     from composer_jax.env.tasks.pool import TaskPool
 
     pool = pool_dir(cfg, workdir)
     if len(TaskPool(pool)) == 0:
+        if (pool / "baselines").is_dir() or (pool / "candidates.jsonl").exists():
+            raise EmptyPoolError(empty_pool_message(pool))  # generation ran and failed
         print(f"no tasks in {pool}: generating the pool first")
         _generate(cfg, workdir)
     summary = check_pool(cfg.env, pool, workdir)
@@ -73,6 +81,24 @@ def _check(cfg: Config, workdir: pathlib.Path) -> dict:
     return summary
 
 
+def _doctor(cfg: Config, workdir: pathlib.Path) -> dict:
+    from composer_jax.env.doctor import diagnose
+    from composer_jax.env.tasks.pool import atomic_write_text
+    from composer_jax.errors import ComposerError
+
+    report = diagnose(cfg.env, workdir)
+    atomic_write_text(pathlib.Path(workdir) / "env_doctor.json", json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    smoke = report["smoke_test"]
+    if not smoke["ok"]:
+        raise ComposerError(f"env_doctor: the one-task smoke test failed on backend "
+                            f"{report['backend']}: {smoke.get('error') or smoke}")
+    note = ("" if report["backend"] == "bwrap" else
+            "; NOT isolated: RL on environment rewards needs env.allow_unsandboxed_rewards=true")
+    print(f"env_doctor: OK, backend {report['backend']}{note}")
+    return report
+
+
 registry.register("env_generate",
                   "generate validated coding tasks from local CPython code and packages",
                   _generate_config, _generate)
@@ -80,3 +106,5 @@ registry.register("env_generate_eval", "generate evaluation tasks from the held-
                   _generate_eval_config, _generate)
 registry.register("env_check", "oracle and null agents over the task pool -> env_check.json",
                   _check_config, _check)
+registry.register("env_doctor", "what the coding environment can do here: sandbox backend, "
+                  "namespaces, interpreters, one-task smoke test", _check_config, _doctor)

@@ -221,6 +221,9 @@ def make_store(cfg: Config):
 
 
 def run(cfg: Config, workdir: pathlib.Path) -> dict:
+    from composer_jax.env.trust import record_in_summary, require_sandboxed_rewards
+    sandbox = (require_sandboxed_rewards(cfg.env, "rl.tasks=coding")  # before building anything
+               if cfg.rl.tasks == RLTasks.CODING else "")
     from composer_jax.rl.driver import run_rl, settings_from_config
     from composer_jax.rl.plots import write_plots
     if cfg.train.steps < cfg.rl.steps and cfg.train.schedule != Schedule.CONSTANT:
@@ -241,6 +244,9 @@ def run(cfg: Config, workdir: pathlib.Path) -> dict:
         if cfg.rl.backend.value == "ray" and not cfg.rl.ray_address:
             import ray
             ray.shutdown()                      # the local cluster this run started
+    if sandbox:
+        summary["reward_sandbox"] = sandbox
+        record_in_summary(workdir / "rl_summary.json", sandbox)
     write_plots(workdir, summary)
     print(json.dumps({k: summary[k] for k in ("version", "rollouts_finished", "rollouts_trained",
                                               "error_rollouts", "worker_restarts", "elapsed_s",

@@ -27,7 +27,39 @@ from composer_jax.env.agents import OracleAgent, null_agent
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.episode import run_episode
 from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
+from composer_jax.errors import ComposerError
 from composer_jax.runlog import MetricsWriter
+
+
+class EmptyPoolError(ComposerError, FileNotFoundError):
+    """The pool has no task: generation was never run there, or it ran and made none."""
+
+
+def empty_pool_message(pool_dir: pathlib.Path) -> str:
+    """Why `pool_dir` holds no task: never generated, or generation failed (with the most common
+    reasons modules were unusable, read from the baseline caches)."""
+    from composer_jax.env.tasks.generate import top_reasons
+    root = pathlib.Path(pool_dir)
+    caches = sorted((root / "baselines").glob("*.json"))
+    log = root / "candidates.jsonl"
+    if not caches and not log.exists():
+        return (f"no tasks in pool {root}: env_generate was never run there; run "
+                f"`python launch.py --experiment=env_generate` with the same --workdir (or "
+                f"env.pool_dir) first")
+    modules = {}
+    for c in caches:
+        modules.update({f"{c.stem}/{m}": b for m, b in json.loads(c.read_text()).items()})
+    failed = [b["reason"] for b in modules.values() if not b.get("usable")]
+    tried = len(log.read_text().splitlines()) if log.exists() else 0
+    lines = [f"the pool {root} is empty because generation failed: env_generate ran there and "
+             f"made no task ({len(modules)} modules baselined, {len(modules) - len(failed)} "
+             f"usable; {tried} candidates tried)."]
+    if failed:
+        lines.append("most common reasons modules were unusable:")
+        lines += [f"  {n:6d}  {why}" for why, n in top_reasons(failed).items()]
+    lines.append("rerun env_generate for the full report, and `python launch.py "
+                 "--experiment=env_doctor` to check the sandbox and interpreters")
+    return "\n".join(lines)
 
 
 def _mean(rows: list[dict]) -> dict:
@@ -41,7 +73,7 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
     pool = TaskPool(pool_dir)
     tasks = pool.tasks()[:limit] if limit else pool.tasks()
     if not tasks:
-        raise FileNotFoundError(f"no tasks in pool {pool_dir}; run env_generate first")
+        raise EmptyPoolError(empty_pool_message(pool_dir))
     metrics = MetricsWriter(workdir, tensorboard=False)
     start = time.monotonic()
 

@@ -60,6 +60,8 @@ class EnvConfig:
     max_open_files: int = 256
     max_output_bytes: int = 16384
     extra_ro_binds: tuple[str, ...] = ()
+    allow_unsandboxed_rewards: bool = False  # let RL train on rewards graded by the fallback
+                                             # backend (the policy can tamper with them)
     # --- tools ---------------------------------------------------------------------------------
     read_max_lines: int = 250
     grep_max_hits: int = 50
@@ -72,6 +74,9 @@ class EnvConfig:
     episode_time_s: float = 900.0
     # --- task generation -----------------------------------------------------------------------
     num_tasks: int = 240
+    min_task_fraction: float = 0.5     # generation ending below this fraction of num_tasks is an
+                                       # error (with the reasons); an empty pool
+                                       # always is
     python_versions: tuple[str, ...] = ("3.11", "3.12", "3.13")
     kinds: tuple[str, ...] = TASK_KINDS
     split: Split = Split.TRAIN
@@ -136,6 +141,11 @@ class EnvConfig:
                   "max_pass_to_pass", "max_migration_lines", "large_feature_min_lines"):
             _check(isinstance(getattr(self, f), int) and getattr(self, f) > 0,
                    f"{p}{f} must be a positive integer, got {getattr(self, f)!r}")
+        _check(isinstance(self.allow_unsandboxed_rewards, bool),
+               f"{p}allow_unsandboxed_rewards must be true or false, "
+               f"got {self.allow_unsandboxed_rewards!r}")
+        _check(0.0 <= self.min_task_fraction <= 1.0,
+               f"{p}min_task_fraction must be in [0, 1], got {self.min_task_fraction}")
         _check(self.memory_limit_mb >= 64, f"{p}memory_limit_mb must be >= 64, got {self.memory_limit_mb}")
         _check(self.max_processes >= 4, f"{p}max_processes must be >= 4, got {self.max_processes}")
         _check(self.max_output_bytes >= 256,

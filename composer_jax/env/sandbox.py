@@ -15,7 +15,10 @@ output size are enforced from outside (composer_jax.env.procio).
 
 Backend "fallback" (no bubblewrap, e.g. Colab) runs the command directly in a scratch copy with the
 same rlimits and a process group, and warns loudly: it does NOT isolate the filesystem (absolute
-paths reach the host), the network, or processes that leave their session.
+paths reach the host), the network, or processes that leave their session. As root it still drops
+to the dedicated uid; that uid cannot traverse private directories such as /root, so an
+interpreter installed there (pyenv's /root/.pyenv) is used through `sandbox_python`: a hard-linked
+(else copied), world-readable mirror of its install prefix, made once per process.
 """
 from __future__ import annotations
 
@@ -30,10 +33,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
 from composer_jax.env.config import EnvConfig, SandboxBackend
+from composer_jax.env.pythons import PythonInstall
 from composer_jax.env.procio import ProcResult, close_process, drain, kill_group, run_process
 from composer_jax.errors import ComposerError
 
@@ -41,10 +46,11 @@ ASSETS_DIR = pathlib.Path(__file__).resolve().parent / "assets"
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_ASSETS = "/opt/cj"
 FALLBACK_WARNING = (
-    "composer_jax.env: bubblewrap (`bwrap`) is not available; commands run WITHOUT A SANDBOX. "
+    "commands run WITHOUT A SANDBOX. "
     "Only rlimits, a scratch copy of the workspace and process-group kills protect the host: "
     "absolute paths, the network (127.0.0.1 included) and processes that call setsid are NOT "
-    "contained. Install the Debian package `bubblewrap` for real isolation.")
+    "contained. Install the Debian package `bubblewrap` for real isolation (check a machine with "
+    "`python launch.py --experiment=env_doctor`).")
 
 
 class SandboxError(ComposerError):
@@ -87,19 +93,24 @@ def staged_assets() -> str:
     return d
 
 
-@functools.lru_cache(maxsize=1)
-def bwrap_works() -> bool:
-    """True if `bwrap` exists and can create the namespaces we use on this machine."""
+def bwrap_error() -> str:
+    """"" if `bwrap` exists and can create the namespaces we use on this machine, else why not."""
     exe = shutil.which("bwrap")
     if not exe:
-        return False
+        return "`bwrap` is not on PATH"
     try:
         r = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
                             "--proc", "/proc", "--dev", "/dev", "true"],
-                           capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return "" if r.returncode == 0 else (r.stderr.strip()[-300:] or f"exit {r.returncode}")
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_works() -> bool:
+    """True if `bwrap` exists and can create the namespaces we use on this machine."""
+    return not bwrap_error()
 
 
 def resolve_backend(requested: SandboxBackend) -> SandboxBackend:
@@ -112,8 +123,11 @@ def resolve_backend(requested: SandboxBackend) -> SandboxBackend:
         return SandboxBackend.BWRAP
     if requested == SandboxBackend.AUTO and bwrap_works():
         return SandboxBackend.BWRAP
-    warnings.warn(FALLBACK_WARNING, RuntimeWarning, stacklevel=2)
-    print("WARNING: " + FALLBACK_WARNING, file=sys.stderr)
+    why = ("env.sandbox_backend=fallback" if requested == SandboxBackend.FALLBACK else
+           "bubblewrap (`bwrap`) is not available")
+    message = f"composer_jax.env: {why}; {FALLBACK_WARNING}"
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+    print("WARNING: " + message, file=sys.stderr)
     return SandboxBackend.FALLBACK
 
 
@@ -122,6 +136,76 @@ def allocate_uid() -> int | None:
     if os.geteuid() != 0:
         return None
     return 200000 + secrets.randbelow(1_000_000)
+
+
+def uid_can_run(uid: int, py: PythonInstall) -> bool:
+    """True if `uid` (no groups, no capabilities) can start `py` with its own stdlib. (An
+    interpreter whose prefix the uid cannot read may still start, with another
+    Python's stdlib found by its search: that counts as False.)"""
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if py.prefix in _MIRRORS:
+        env["LD_LIBRARY_PATH"] = _MIRRORS[py.prefix]
+    code = "import os, sys; sys.stdout.write(os.path.dirname(os.__file__))"
+    try:
+        r = subprocess.run(["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
+                            "--clear-groups", "--", py.executable, "-I", "-S", "-B", "-c", code],
+                           env=env, cwd="/", capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and os.path.realpath(r.stdout) == os.path.realpath(py.stdlib)
+
+
+_MIRRORS: dict[str, str] = {}   # mirror prefix -> its lib dir (LD_LIBRARY_PATH for libpython)
+_MIRROR_LOCK = threading.Lock()
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem (or links refused): a plain copy
+        shutil.copy2(src, dst)
+
+
+@functools.lru_cache(maxsize=None)
+def _mirror(prefix: str) -> str:
+    """A world-readable mirror of the install `prefix` (hard links where possible), removed at
+    exit."""
+    d = tempfile.mkdtemp(prefix="cj-python-")
+    os.chmod(d, 0o755)
+    atexit.register(shutil.rmtree, d, True)
+    dst = os.path.join(d, pathlib.Path(prefix).name)
+    shutil.copytree(prefix, dst, symlinks=True, copy_function=_link_or_copy)
+    _MIRRORS[dst] = dst + "/lib"
+    return dst
+
+
+def sandbox_python(py: PythonInstall, backend: SandboxBackend) -> PythonInstall:
+    """`py` as the sandbox's commands reach it. Only the fallback run as root changes anything:
+    its commands run as an unprivileged uid, which cannot reach an install below a private
+    directory (pyenv's /root/.pyenv); that install is then used through a world-readable mirror
+    of its prefix (`_mirror`). SandboxError if even the mirror is unusable."""
+    if backend != SandboxBackend.FALLBACK or os.geteuid() != 0:
+        return py
+    with _MIRROR_LOCK:
+        return _reachable_python(py)
+
+
+@functools.lru_cache(maxsize=None)
+def _reachable_python(py: PythonInstall) -> PythonInstall:
+    probe_uid = 1_200_001  # above allocate_uid's range: owns nothing
+    if py.prefix in _MIRRORS or uid_can_run(probe_uid, py):
+        return py
+    prefix = _mirror(py.prefix)
+    rel = lambda p: prefix + p[len(py.prefix):]  # noqa: E731
+    mirrored = PythonInstall(py.version, py.full_version, prefix, rel(py.executable),
+                             rel(py.stdlib))
+    if not uid_can_run(probe_uid, mirrored):
+        raise SandboxError(
+            f"env.sandbox_backend=fallback runs commands as an unprivileged uid, which can run "
+            f"neither CPython {py.version} at {py.executable} nor its mirror "
+            f"{mirrored.executable}; install that CPython where every user can read it (e.g. "
+            f"under /opt) and list its prefix in CJ_PYTHON_PREFIXES, or install bubblewrap")
+    return mirrored
 
 
 def _system_binds() -> list[str]:
@@ -175,10 +259,14 @@ class Sandbox:
         """The environment commands see (nothing inherited from the host)."""
         bins = [p + "/bin" for p in self.python_prefixes[:1]]
         home = "/tmp" if self.backend == SandboxBackend.BWRAP else str(self._home)
-        return {"PATH": ":".join(bins + ["/usr/local/bin", "/usr/bin", "/bin"]), "HOME": home,
-                "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb",
-                "PAGER": "cat", "GIT_PAGER": "cat", "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
+        env = {"PATH": ":".join(bins + ["/usr/local/bin", "/usr/bin", "/bin"]), "HOME": home,
+               "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb",
+               "PAGER": "cat", "GIT_PAGER": "cat", "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
+        libs = [_MIRRORS[p] for p in self.python_prefixes[:1] if p in _MIRRORS]
+        if libs:  # a mirrored interpreter whose RUNPATH names the unreachable original
+            env["LD_LIBRARY_PATH"] = libs[0]
+        return env
 
     def _bwrap_prefix(self) -> list[str]:
         args = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",

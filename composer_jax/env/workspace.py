@@ -22,7 +22,8 @@ from typing import Iterator
 from composer_jax.env.config import EnvConfig, SandboxBackend, ShellMode
 from composer_jax.env.hide import mounted_roots, overlays
 from composer_jax.env.pythons import get_python
-from composer_jax.env.sandbox import Limits, PersistentShell, Sandbox, allocate_uid, resolve_backend
+from composer_jax.env.sandbox import (Limits, PersistentShell, Sandbox, allocate_uid, resolve_backend,
+                                      sandbox_python)
 from composer_jax.env.tools import ToolResult, dispatch
 from composer_jax.env.tools.search import iter_files
 
@@ -42,7 +43,9 @@ class Workspace:
         if not self.source.is_dir():
             raise FileNotFoundError(f"workspace source {source} is not a directory")
         self.config = config
-        self.python = get_python(python_version or config.python_versions[-1])
+        self.backend = resolve_backend(config.sandbox_backend)
+        self.python = sandbox_python(get_python(python_version or config.python_versions[-1]),
+                                     self.backend)
         self._tmp = pathlib.Path(tempfile.mkdtemp(prefix="cj-ws-", dir=scratch_parent()))
         os.chmod(self._tmp, 0o711)
         self.root = self._tmp / "ws"
@@ -51,7 +54,6 @@ class Workspace:
         if self.uid is not None:
             for p in [self.root, *self.root.rglob("*")]:
                 os.lchown(p, self.uid, self.uid)
-        self.backend = resolve_backend(config.sandbox_backend)
         self.hidden_files = tuple(hidden_files)
         self.overlays = self._overlays()
         self.sandbox = self.new_sandbox(self.root, self.uid)

@@ -15,6 +15,10 @@ feature, migration (`candidates.py`), refactor (`refactor.py`) and large_feature
 (`large_feature.py`). Every task records `lines_changed` (the reference patch's changed lines); the
 manifest and the summary give the median per kind. `env.modules` restricts the sources to named
 modules (tests and small evaluation pools).
+
+A run that ends with no task, or with fewer than `env.min_task_fraction` of `num_tasks`, raises
+`GenerationError`: the most common reasons modules were unusable and candidates were rejected, with
+counts, and what to do (the pool keeps what was made; a rerun resumes).
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
 from composer_jax.env.tasks.sources import ModuleSource, discover, discover_packages
 from composer_jax.env.tasks.task import Task, unified_patch
 from composer_jax.env.tasks.validate import addressable, check_candidate, scratch
+from composer_jax.errors import ComposerError
 
 MIN_PASSING = 5
 BATCH_PER_VERSION = 12
@@ -48,6 +53,64 @@ KIND_ORDER = ("bug", "feature", "refactor", "bug", "large_feature", "multi_bug",
 # Refactors and large features legitimately break many tests at once (a renamed import, a class
 # without methods): they may have this many times max_fail_to_pass failing tests.
 WIDE_KINDS = {"refactor": 4, "large_feature": 4}
+
+
+class GenerationError(ComposerError):
+    """Generation made no task, or far fewer than asked; `summary` is the run's summary dict."""
+
+    def __init__(self, message: str, summary: dict):
+        super().__init__(message)
+        self.summary = summary
+
+
+def reason_key(reason: str) -> str:
+    """A reason with numbers and paths blanked, on one line, so that equal causes count together."""
+    one = " ".join(reason.split())
+    one = re.sub(r"(/[\w.+-]+)+", "PATH", one)
+    return re.sub(r"\d+(\.\d+)?", "N", one)[:100]
+
+
+def top_reasons(reasons, n: int = 5) -> dict[str, int]:
+    """The `n` most common reason keys with their counts."""
+    return dict(collections.Counter(reason_key(r) for r in reasons).most_common(n))
+
+
+def shortfall_message(summary: dict, cfg: EnvConfig, pool_dir) -> str:
+    """Why a generation run ended short, and what to do."""
+    got, asked = summary["num_tasks"], cfg.num_tasks
+    lines = [f"env_generate made {got} of the {asked} tasks asked for (env.num_tasks; below "
+             f"env.min_task_fraction={cfg.min_task_fraction:g} of it is an error) in {pool_dir}.",
+             f"modules baselined: {summary['modules_baselined']}, usable: "
+             f"{summary['modules_usable']} (usable: the module's own tests pass in the sandbox); "
+             f"candidates tried: {summary['stats'].get('candidates', 0)}"]
+    for title, key in (("modules were unusable", "baseline_failures"),
+                       ("candidates were rejected", "rejections")):
+        if summary[key]:
+            lines.append(f"most common reasons {title}:")
+            lines += [f"  {count:6d}  {why}" for why, count in summary[key].items()]
+            example = summary.get("baseline_failure_example", "")
+            if key == "baseline_failures" and example and example not in summary[key]:
+                lines.append(f"  e.g. {example}")
+    if summary["modules_baselined"] == 0:
+        lines.append(f"what to do: no source module was found for env.python_versions="
+                     f"{','.join(cfg.python_versions)} (CPythons found: {sorted(find_pythons())}; "
+                     f"each needs its test/ package); check env.modules, env.stdlib_sources and "
+                     f"env.package_sources, or set CJ_PYTHON_PREFIXES")
+    elif summary["modules_usable"] == 0:
+        lines.append("what to do: no module's tests pass in the sandbox, so the sandbox or the "
+                     "interpreters are broken: run `python launch.py --experiment=env_doctor` "
+                     "(backend, namespaces, interpreters and a one-task smoke test)")
+    elif any("too slow" in why for why in list(summary["rejections"])[:1]):
+        lines.append("what to do: most candidates' tests ran slower than env.max_task_test_seconds "
+                     f"({cfg.max_task_test_seconds:g}s): on a loaded machine rerun when it is "
+                     "quieter (the run resumes), or raise env.max_task_test_seconds and "
+                     "env.max_test_file_seconds")
+    else:
+        lines.append("what to do: the sources ran dry: raise env.max_tasks_per_module, add "
+                     "env.python_versions or env.package_sources, widen env.kinds or env.modules, "
+                     "or ask for fewer (env.num_tasks, env.min_task_fraction)")
+    lines.append("the pool keeps the tasks made; rerunning resumes")
+    return "\n".join(lines)
 
 
 def fast_classes(class_times: dict, passing: frozenset, budget_s: float) -> tuple[tuple, frozenset]:
@@ -80,7 +143,8 @@ def baseline(sx, src: ModuleSource, cfg: EnvConfig) -> cands.Baseline:
             again = sx.run(list(tests), timeout_s=cfg.baseline_timeout_s)
             passing = frozenset(t for t in passing if again.passed(t))
     if not run.ok:
-        reason = "baseline run failed: " + run.detail[-120:]
+        last = [ln.strip() for ln in run.detail.splitlines() if ln.strip()] or ["no output"]
+        reason = "baseline run failed: " + last[-1][-160:]  # e.g. the exception line
     elif not where.endswith("/" + src.module_file) or not where.startswith(sx.sandbox.workdir):
         reason = f"module imported from {where!r}, not the workspace"
     elif len(passing) < MIN_PASSING:
@@ -149,6 +213,7 @@ class Generator:
         self.attempts = collections.Counter()
         self.streams: dict = {}
         self.stats = collections.Counter()
+        self.rejected: list[str] = []   # this run's rejection reasons
         self.workers = _Workers(cfg, self.backend)
 
     # -- baselines ------------------------------------------------------------------------------
@@ -292,6 +357,7 @@ class Generator:
         else:
             why = "over quota" if verdict.accepted else verdict.reason
             self.stats["rejected: " + re.sub(r"\d+", "N", why.split(":")[0])] += 1
+            self.rejected.append(why)
         self.pool.record(c.cid, added, "ok" if added else verdict.reason)
         bar.set_postfix(tried=self.stats["candidates"], refresh=False)
 
@@ -336,9 +402,19 @@ class Generator:
                 "median_lines_changed": manifest["median_lines_changed"],
                 "packages_missing": self.packages_missing, "seconds": time.monotonic() - start,
                 "modules_baselined": len(self.baselines), "modules_usable": usable,
+                "baseline_failures": top_reasons(b.reason for b in self.baselines.values()
+                                                 if not b.usable),
+                "baseline_failure_example": next((" ".join(b.reason.split())[:300]
+                                                  for b in self.baselines.values()
+                                                  if not b.usable), ""),
+                "rejections": top_reasons(self.rejected),
                 "stats": dict(self.stats)}
 
 
 def generate_pool(cfg: EnvConfig, pool_dir: pathlib.Path, progress: bool = True) -> dict:
-    """Builds (or resumes) the task pool in `pool_dir`; returns a summary dict."""
-    return Generator(cfg, pathlib.Path(pool_dir), progress).run()
+    """Builds (or resumes) the task pool in `pool_dir`; returns a summary dict. GenerationError
+    (carrying the summary) when the pool ends empty or below `env.min_task_fraction`."""
+    summary = Generator(cfg, pathlib.Path(pool_dir), progress).run()
+    if summary["num_tasks"] == 0 or summary["num_tasks"] < cfg.min_task_fraction * cfg.num_tasks:
+        raise GenerationError(shortfall_message(summary, cfg, pool_dir), summary)
+    return summary

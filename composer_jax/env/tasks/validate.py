@@ -24,7 +24,7 @@ import tempfile
 
 from composer_jax.env.config import EnvConfig, SandboxBackend
 from composer_jax.env.pythons import PythonInstall
-from composer_jax.env.sandbox import Limits, Sandbox, allocate_uid
+from composer_jax.env.sandbox import Limits, Sandbox, allocate_uid, sandbox_python
 from composer_jax.env.tasks.testrun import TestRun, TestServer, run_tests
 from composer_jax.env.workspace import scratch_parent
 
@@ -33,7 +33,7 @@ class Scratch:
     """A throwaway sandboxed directory to write files into and run tests in."""
 
     def __init__(self, py: PythonInstall, backend: SandboxBackend, cfg: EnvConfig):
-        self.py = py
+        self.py = sandbox_python(py, backend)
         # Generation runs are short: a candidate whose tests run far longer than the baseline's
         # (e.g. a mutation that loops forever) is cut off early and rejected.
         self.timeout = min(cfg.test_timeout_s, 2 * cfg.max_test_file_seconds + 2)
@@ -46,8 +46,8 @@ class Scratch:
             os.chown(self.dir, self.uid, self.uid)
         limits = dataclasses.replace(Limits.from_config(cfg), timeout_s=cfg.test_timeout_s)
         self.sandbox = Sandbox(self.dir, backend=backend, limits=limits,
-                               python_prefixes=(py.prefix,), uid=self.uid)
-        self.server = TestServer(self.sandbox, py.executable) if cfg.fork_server else None
+                               python_prefixes=(self.py.prefix,), uid=self.uid)
+        self.server = TestServer(self.sandbox, self.py.executable) if cfg.fork_server else None
         self._synced: set[str] = set()
 
     def sync(self, files: dict[str, str]) -> None:
@@ -76,7 +76,11 @@ class Scratch:
         """Runs test `names` here; `timeout_s` defaults to the short generation timeout."""
         timeout = timeout_s or self.timeout
         if self.server is not None:
-            return self.server.run(names, modules=modules, timeout_s=timeout)
+            run = self.server.run(names, modules=modules, timeout_s=timeout)
+            if run.ok or run.detail != "eof":
+                return run
+            # The server itself died (tests run in its forks): rerun directly, so the failure's
+            # detail is the interpreter's own output rather than "eof".
         return run_tests(self.sandbox, self.py.executable, names, modules=modules,
                          timeout_s=timeout)
 
