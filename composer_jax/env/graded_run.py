@@ -3,9 +3,10 @@
 `run_tree(ws, task, tree, ...)` starts a fresh sandbox over `tree` (its own uid) in which
 `python -m unittest ID...` runs `graded_unittest.py` (bound over the interpreter's
 `unittest/__main__.py`), sends it the run's nonce on stdin and returns the records it wrote
-(`verdict.read_records`). `reference(ws, task, task_dir)` is the same run on the snapshot with the
-reference solution applied - no agent code - summarised per test (`verdict.reference_summary`)
-and cached in memory and in `<task_dir>/.grader/` (keyed by everything it depends on).
+(`verdict.read_records`). `reference(ws, task, task_dir)` is the same run, twice, on the snapshot with
+the reference solution applied - no agent code - summarised per test (`verdict.reference_summary`:
+values alike in both runs are pinned) and cached in memory and in `<task_dir>/.grader/` (keyed by
+everything it depends on).
 """
 from __future__ import annotations
 
@@ -194,10 +195,12 @@ def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> dict:
             summary = json.loads(path.read_text())
         except (OSError, ValueError):
             pass
-        if not isinstance(summary, dict):
+        if not isinstance(summary, dict):  # two runs: values alike in both are pinned
             run = run_files(ws, task, snapshot, solution, timeout_s)
-            summary = {t: reference_summary(run.records.get(t)) for t in task.test_ids}
-            if not run.finished:  # e.g. timed out on a loaded machine: use it, try again next time
+            again = run_files(ws, task, snapshot, solution, timeout_s)
+            summary = {t: reference_summary(run.records.get(t), again.records.get(t))
+                       for t in task.test_ids}
+            if not (run.finished and again.finished):  # e.g. timed out: use, retry next time
                 logging.getLogger(__name__).warning(
                     "the reference run of %s did not finish (%s); its assertion sites are not "
                     "required this time", task.task_id, run.detail[-300:] or "no final line")

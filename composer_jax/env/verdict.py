@@ -20,7 +20,7 @@ import json
 import re
 
 MARK = "@@CJ_OBS@@"
-SUMMARY_VERSION = 3   # bump when `reference_summary` changes (cached summaries are keyed by it)
+SUMMARY_VERSION = 4   # bump when `reference_summary` changes (cached summaries are keyed by it)
 REGEX_TEXT_LIMIT = 1 << 16
 
 
@@ -276,16 +276,41 @@ class TestVerdict:
     verified_sites: int = 0    # assertion sites the parent checked itself
 
 
-def reference_summary(record: dict | None) -> dict:
+EQUALITY = frozenset({"assertEqual", "assertEquals", "failUnlessEqual", "assertListEqual",
+                      "assertTupleEqual", "assertDictEqual", "assertSetEqual",
+                      "assertSequenceEqual", "assertMultiLineEqual"})
+PIN_BYTES = 1 << 16
+
+
+def _equality_values(obs: list) -> dict:
+    """site -> the compared pairs (canonical) of its equality assertions, in order."""
+    out: dict[str, list] = {}
+    for item in obs:
+        if isinstance(item, list) and len(item) > 3 and item[0] == "a" and item[2] in EQUALITY:
+            out.setdefault(str(item[1]), []).append(list(item[3][:2]))
+    return out
+
+
+def reference_summary(record: dict | None, again: dict | None = None) -> dict:
     """What a reference run's record requires of a candidate: the sites it verified passing
     ("sites"), those whose evaluation fails even on the reference ("exempt", e.g. a test that
-    checks an assertion fails) and what each site checks ("methods")."""
+    checks an assertion fails), what each site checks ("methods") and, with a second reference run
+    `again`, the values each equality site compared in both runs alike ("pinned": a candidate
+    must compare the same values there, so rewriting the test's own expectations in memory
+    cannot pass)."""
     if not record:
-        return {"sites": [], "exempt": [], "methods": {}, "status": "missing"}
+        return {"sites": [], "exempt": [], "methods": {}, "pinned": {}, "status": "missing"}
     sites, methods, _ = evaluate(record.get("obs", []))
+    pinned = {}
+    if again:
+        first, second = _equality_values(record.get("obs", [])), \
+            _equality_values(again.get("obs", []))
+        pinned = {s: v for s, v in first.items()
+                  if second.get(s) == v and len(json.dumps(v)) <= PIN_BYTES}
     return {"sites": sorted(s for s, ok in sites.items() if ok),
             "exempt": sorted(s for s, ok in sites.items() if not ok),
             "methods": {str(s): m for s, m in sorted(methods.items())},
+            "pinned": pinned,
             "status": record.get("status", "?"), "truncated": bool(record.get("truncated"))}
 
 
@@ -312,6 +337,13 @@ def judge(record: dict | None, reference: dict | None) -> TestVerdict:
         return TestVerdict(False, f"assertion site(s) {missing[:5]} that the reference checks "
                                   f"were not reached with verifiable values",
                            verified_sites=len(sites))
+    pinned = (reference or {}).get("pinned", {})
+    if pinned and not record.get("truncated"):
+        seen = _equality_values(record.get("obs", []))
+        differ = sorted(s for s, v in pinned.items() if s not in exempt and seen.get(s) != v)
+        if differ:
+            return TestVerdict(False, f"equality site(s) {differ[:5]} compared other values "
+                                      f"than the reference run", verified_sites=len(sites))
     if not claimed:
         return TestVerdict(False, f"the test reported {record.get('status')}",
                            verified_sites=len(sites))

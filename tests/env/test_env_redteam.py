@@ -415,3 +415,46 @@ def test_an_edited_module_the_test_runner_imports_runs_only_after_the_graded_pro
 def pathlib_read(path):
     with open(path, encoding="utf-8") as f:
         return f.read()
+
+
+def test_rewriting_the_tests_own_expected_values_in_memory_does_not_resolve(tmp_path):
+    """Code under test that overwrites the caller's expected list with its own (wrong) output
+    fools unittest and the parent's re-evaluation alike; the values the reference run compared
+    at that equality site (pinned: alike in two reference runs) do not match."""
+    import os
+    from composer_jax.env.config import EnvConfig
+    from composer_jax.env.grading import grade_workspace
+    from composer_jax.env.pythons import find_pythons
+    from composer_jax.env.tasks.task import Task
+    from composer_jax.env.workspace import open_workspace
+    py = max(find_pythons().values(), key=lambda p: tuple(map(int, p.version.split("."))))
+    task_dir = tmp_path / "task"
+    for sub, body in (("snapshot", "return [x for x in xs]"), ("solution", "return [2 * x for x in xs]")):
+        (task_dir / sub).mkdir(parents=True)
+        (task_dir / sub / "mod.py").write_text(f"def double(xs):\n    {body}\n")
+    (task_dir / "snapshot" / "test_mod.py").write_text(
+        "import unittest\nimport mod\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_double(self):\n        expected = [2, 4, 6]\n"
+        "        self.assertEqual(mod.double([1, 2, 3]), expected)\n\n"
+        "    def test_empty(self):\n        self.assertEqual(mod.double([]), [])\n")
+    os.chmod(tmp_path, 0o755)
+    task = Task("synthetic-double", "bug", "train", py.version, "mod", "",
+                ("test_mod.T.test_double",), ("test_mod.T.test_empty",), ("mod.py",),
+                ("test_mod.py",), "", 1, py.version, py.version)
+    attack = ("def double(xs):\n    out = list(xs)\n"
+              "    f = getattr(__import__('s' + 'ys'), '_get' + 'frame')(1)\n"
+              "    for v in list(getattr(f, 'f_' + 'locals').values()):\n"
+              "        if type(v) is list and v is not xs:\n            v[:] = out\n"
+              "    return out\n")
+    cfg = EnvConfig(python_versions=(py.version,), use_embeddings=False)
+    with open_workspace(task_dir / "snapshot", cfg, python_version=py.version, task=task) as ws:
+        ws.call("write_file", {"file_path": "mod.py", "contents": attack})
+        own = ws.call("run_terminal_cmd", {"command": "python -m unittest test_mod 2>&1 | tail -1"})
+        assert "OK" in own.output, own.output       # it fools the agent's own test run
+        grade = grade_workspace(ws, task, task_dir / "snapshot")
+    assert not grade.resolved and grade.results["test_mod.T.test_double"] == "fail"
+    assert "compared other values" in grade.reasons["test_mod.T.test_double"], grade.reasons
+    with open_workspace(task_dir / "snapshot", cfg, python_version=py.version, task=task) as ws:
+        ws.call("write_file", {"file_path": "mod.py",
+                               "contents": "def double(xs):\n    return [x + x for x in xs]\n"})
+        assert grade_workspace(ws, task, task_dir / "snapshot").resolved  # an honest fix passes

@@ -69,6 +69,22 @@ def test_judge_trusts_the_child_only_to_lower_the_verdict():
     assert judge({"status": "pass", "obs": [_obs("assertEqual", 1, 2, site=1)]}, exempt).passed
 
 
+def test_equality_values_alike_in_two_reference_runs_are_pinned():
+    run = {"status": "pass", "obs": [_obs("assertEqual", [2, 4], [2, 4], site=1),
+                                     _obs("assertEqual", 0.25, 0.5, site=2)]}
+    again = {"status": "pass", "obs": [_obs("assertEqual", [2, 4], [2, 4], site=1),
+                                       _obs("assertEqual", 0.75, 0.5, site=2)]}  # not stable
+    ref = reference_summary(run, again)
+    assert set(ref["pinned"]) == {"1"}
+    same = {"status": "pass", "obs": [_obs("assertEqual", [2, 4], [2, 4], site=1),
+                                      _obs("assertEqual", 0.5, 0.5, site=2)]}
+    assert judge(same, ref).passed
+    rewritten = {"status": "pass", "obs": [_obs("assertEqual", [1, 2], [1, 2], site=1),
+                                           _obs("assertEqual", 0.5, 0.5, site=2)]}
+    v = judge(rewritten, ref)
+    assert not v.passed and "other values" in v.reason and not v.forged
+
+
 def test_read_records_keeps_only_the_nonce_and_flags_duplicates():
     text = ("noise\n@@CJ_OBS@@abc:{\"id\": \"t.A.x\", \"status\": \"pass\", \"obs\": []}\n"
             "@@CJ_OBS@@zzz:{\"id\": \"t.A.y\", \"status\": \"pass\", \"obs\": []}\n"
