@@ -26,7 +26,11 @@ def block_dot(a_blk: jax.Array, b_blk: jax.Array, mma: str) -> jax.Array:
         if dtype != jnp.float32:
             a_blk, b_blk = a_blk.astype(jnp.float32), b_blk.astype(jnp.float32)
         a_blk, b_blk = a_blk.astype(dtype), b_blk.astype(dtype)
-    return jnp.dot(a_blk, b_blk, preferred_element_type=jnp.float32)
+    # Narrow operands: one native pass is exact (float32 accumulation of exact products), and
+    # Mosaic rejects a float32 contract precision on bf16 operands, which the global default
+    # (JAX_DEFAULT_MATMUL_PRECISION=highest) would otherwise request.
+    precision = None if dtype == jnp.float32 else lax.Precision.DEFAULT
+    return jnp.dot(a_blk, b_blk, precision=precision, preferred_element_type=jnp.float32)
 
 
 def rescale_add(acc: jax.Array, partial: jax.Array, sa_col: jax.Array, sb_row: jax.Array) -> jax.Array:

@@ -292,7 +292,10 @@ def run_in_subprocess(cfg, cfg_json_path: str, out_path: str, n_dev: int) -> dic
         if not keep:
             shutil.rmtree(dump_dir, ignore_errors=True)
     if proc.returncode != 0:
-        from composer_jax.errors import ComposerError
+        from composer_jax.errors import ComposerError, ConfigError
+        last = proc.stderr.strip().splitlines()[-1:] or [""]
+        if "ConfigError: " in last[0]:      # a config the mesh/slice cannot run: say just that
+            raise ConfigError(last[0].split("ConfigError: ", 1)[1])
         reasons = {8: "SIGFPE: XLA:CPU overflows its int32 sizes on arrays this large",
                    9: "SIGKILL: likely out of host memory"}
         how = (f"was killed by signal {-proc.returncode} "
