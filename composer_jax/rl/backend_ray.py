@@ -1,7 +1,7 @@
-"""The Ray backend (`rl.backend=ray`): the same services as Ray actors.
+"""The Ray backend (`rl.job.backend=ray`): the same services as Ray actors.
 
 - `init_ray(address)`: "" starts a local Ray cluster inside the run (CI, a laptop); an address
-  (`rl.ray_address=HOST:PORT` or "auto") joins an existing cluster. Workers find this code through
+  (`rl.job.ray_address=HOST:PORT` or "auto") joins an existing cluster. Workers find this code through
   PYTHONPATH (set from the driver's sys.path for a local cluster; on a real cluster install the
   package on every node: `pip install -e .`).
 - Weights travel through Ray's object store (`rl.weights.ray_transport.RayTransport`): the trainer
@@ -34,7 +34,7 @@ def _ray():
         import ray
     except ImportError as e:
         from composer_jax.errors import ConfigError
-        raise ConfigError("rl.backend=ray needs the `ray` package (pinned in requirements.txt: "
+        raise ConfigError("rl.job.backend=ray needs the `ray` package (pinned in requirements.txt: "
                           "pip install -r requirements.txt)") from e
     return ray
 
@@ -105,7 +105,7 @@ class RayInference:
         handle = getattr(store, "ray_handle", None)
         if handle is None:
             from composer_jax.errors import ConfigError
-            raise ConfigError("rl.backend=ray needs the weight store on Ray's object store "
+            raise ConfigError("rl.job.backend=ray needs the weight store on Ray's object store "
                               "(backend_ray.make_ray_store)")
         actor = ray.remote(num_cpus=0, max_concurrency=settings.num_workers + 4)(_InferenceActor)
         self.actor = actor.remote(spec.factory, spec.kwargs, handle, settings.weight_poll_s)

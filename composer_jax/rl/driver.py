@@ -54,9 +54,9 @@ class DriverSettings:
 
     def __post_init__(self):
         if self.worker_mode not in ("thread", "process"):
-            raise ConfigError(f"rl.worker_mode must be 'thread' or 'process', got {self.worker_mode!r}")
+            raise ConfigError(f"rl.job.worker_mode must be 'thread' or 'process', got {self.worker_mode!r}")
         if self.backend not in ("local", "ray"):
-            raise ConfigError(f"rl.backend must be 'local' or 'ray', got {self.backend!r}")
+            raise ConfigError(f"rl.job.backend must be 'local' or 'ray', got {self.backend!r}")
         for name in ("group_size", "batch_groups", "steps", "checkpoint_every", "num_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
@@ -64,12 +64,12 @@ class DriverSettings:
 
 def settings_from_config(cfg, progress: bool = True) -> DriverSettings:
     """The driver's settings from a Config's `rl` section (and its seed)."""
-    rl = cfg.rl
+    rl, job = cfg.rl, cfg.rl.job
     return DriverSettings(group_size=rl.group_size, batch_groups=rl.batch_groups,
                           max_staleness=rl.max_staleness, steps=rl.steps,
-                          checkpoint_every=rl.checkpoint_every, eval_every=rl.eval_every,
-                          num_workers=rl.num_rollout_workers, worker_mode=rl.worker_mode.value,
-                          backend=rl.backend.value, ray_address=rl.ray_address, seed=cfg.seed,
+                          checkpoint_every=job.checkpoint_every, eval_every=job.eval_every,
+                          num_workers=job.num_rollout_workers, worker_mode=job.worker_mode.value,
+                          backend=job.backend.value, ray_address=job.ray_address, seed=cfg.seed,
                           progress=progress)
 
 
@@ -117,7 +117,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
            stop_event: threading.Event | None = None, eval_fn=None) -> dict:
     """Runs (or resumes) an RL run until the trainer reaches `settings.steps` (module docstring).
     `store` is the weight store (publish/fetch/latest) shared by trainer and inference.
-    `eval_fn(model, version) -> dict`: when given (and rl.eval_every > 0), the checkpoint evaluator
+    `eval_fn(model, version) -> dict`: when given (and rl.job.eval_every > 0), the checkpoint evaluator
     scores every eval_every-th version and the last with it (e.g. the eval suite's runner);
     otherwise the program's own held-out tasks are run as greedy episodes."""
     from composer_jax.rl.checkpoint import RLCheckpointer
@@ -198,7 +198,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     inference = _make_inference(settings, spec, store)
     wake_inference = getattr(inference, "wake", lambda: None)
     evaluator = EvaluatorService(eval_tasks if ckpt_eval is None else [], settings.eval_every,
-                                 metrics)
+                                 metrics, getattr(program, "eval_name", "heldout_parity"))
     on_step(version, trainer.state)        # the starting policy (version 0 or the restored one)
     pool = _make_pool(settings, spec, inference)
     bar = _progress(settings, version)

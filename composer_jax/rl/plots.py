@@ -3,7 +3,7 @@
   plots/reward.png       reward_mean (training episodes) and eval_resolved_rate vs version
   plots/staleness.png    histogram of rollout staleness (trainer version - sampling version)
   plots/throughput.png   rollouts/s and trained tokens/s vs version, trainer idle fraction
-  plots/behaviour.png    tool-using episodes only (rl.tasks=coding): valid-call rate, tool calls,
+  plots/behaviour.png    tool-using episodes only (rl.task=coding): valid-call rate, tool calls,
                          invalid calls, turns per episode, the effort x and the resolved rates
 """
 from __future__ import annotations
