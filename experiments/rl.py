@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import sys
 
 from composer_jax import registry
 from composer_jax.config import (CodingTaskConfig, Config, EnvConfig, EvalConfig, JobConfig,
@@ -129,22 +128,21 @@ def prepare(cfg: Config) -> Config:
     return get(cfg.rl.task.family).prepare(cfg)
 
 
-def make_store(cfg: Config):
-    """The weight store the trainer publishes to (in-process transport; the inference side reads
-    it in this process, or receives versions through Ray's object store with rl.job.backend=ray)."""
-    from composer_jax.config import RLBackend
-    from composer_jax.rl.weights import MemoryTransport, WeightStore, WeightSyncSettings
-    settings = WeightSyncSettings(**dataclasses.asdict(cfg.rl.weight_sync))
-    if cfg.rl.job.backend == RLBackend.RAY:
-        from composer_jax.rl.backend_ray import init_ray, make_ray_store
-        init_ray(cfg.rl.job.ray_address)
-        return make_ray_store(settings)
-    return WeightStore(MemoryTransport(), settings, reader_name="inference")
+def make_store(cfg: Config, backend=None):
+    """The weight store the trainer publishes to, from the run's backend (local: in-process
+    transport; ray: Ray's object store)."""
+    from composer_jax.rl.backend import make_backend
+    from composer_jax.rl.settings import settings_from_config
+    from composer_jax.rl.weights import WeightSyncSettings
+    backend = backend or make_backend(settings_from_config(cfg))
+    return backend.make_store(WeightSyncSettings(**dataclasses.asdict(cfg.rl.weight_sync)))
 
 
 def run(cfg: Config, workdir: pathlib.Path) -> dict:
-    from composer_jax.rl.driver import run_rl, settings_from_config
+    from composer_jax.rl.backend import make_backend
+    from composer_jax.rl.driver import run_rl
     from composer_jax.rl.plots import write_plots
+    from composer_jax.rl.settings import settings_from_config
     from composer_jax.rl.tasks import family_of
     if cfg.train.steps < cfg.rl.steps and cfg.train.schedule != Schedule.CONSTANT:
         raise ConfigError(f"train.steps={cfg.train.steps} < rl.steps={cfg.rl.steps}: the learning "
@@ -156,13 +154,13 @@ def run(cfg: Config, workdir: pathlib.Path) -> dict:
         from composer_jax.api import save_config
         cfg = resolved
         save_config(cfg, workdir / "config.json")     # e.g. the resolved pool, policy and model
+    settings = settings_from_config(cfg)
+    backend = make_backend(settings)
     try:
-        summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg), make_store(cfg),
-                         eval_fn=family_of(cfg).make_eval_fn())
+        summary = run_rl(program_spec(cfg), workdir, settings, make_store(cfg, backend),
+                         eval_fn=family_of(cfg).make_eval_fn(), backend=backend)
     finally:
-        if cfg.rl.job.backend.value == "ray" and not cfg.rl.job.ray_address:
-            import ray
-            ray.shutdown()                      # the local cluster this run started
+        backend.shutdown()
     write_plots(workdir, summary)
     print(json.dumps({k: summary[k] for k in ("version", "rollouts_finished", "rollouts_trained",
                                               "error_rollouts", "worker_restarts", "elapsed_s",

@@ -9,7 +9,6 @@ Shape glossary: B rows, V vocab, ... any leading dims.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 
 from composer_jax.rl.program import LocalClient, ProgramSpec, build_program
 from composer_jax.rl.rollout import Rollout
-from composer_jax.rl.services import Job, run_job
+from composer_jax.rl.jobs import Job, run_job
 
 
 class _PoolBase:

@@ -23,7 +23,8 @@ import uuid
 
 from composer_jax.rl.program import ProgramSpec, build_program
 from composer_jax.rl.rollout import Rollout
-from composer_jax.rl.services import InferenceService, Job, run_job
+from composer_jax.rl.inference_service import InferenceService
+from composer_jax.rl.jobs import Job, run_job
 
 NAMESPACE = "composer_jax"
 _ENV_VARS = ("JAX_PLATFORMS", "XLA_FLAGS", "COMPOSER_JAX_CACHE", "JAX_DEFAULT_MATMUL_PRECISION")
