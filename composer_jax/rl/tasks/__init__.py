@@ -12,10 +12,8 @@ sandboxed coding episodes of the env task pool). Importing this package imports 
 """
 from __future__ import annotations
 
-import importlib
-
 from composer_jax.agent.tasks import TaskFamily
-from composer_jax.config.rl import register_task_config
+from composer_jax.config.rl import register_task_config, task_config_class
 from composer_jax.errors import ConfigError
 
 _FAMILIES: dict[str, type[TaskFamily]] = {}
@@ -36,14 +34,10 @@ def register(family: type[TaskFamily]) -> type[TaskFamily]:
 
 def get(name: str) -> type[TaskFamily]:
     """The family registered as `name` (module docstring)."""
-    if name not in _FAMILIES and "." in name:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise ConfigError(f"rl.task={name!r}: cannot import the task family module: {e}") from None
+    task_config_class(name)          # imports a plug-in module; unknown names list the registered
     if name not in _FAMILIES:
-        raise ConfigError(f"unknown rl task family {name!r}; registered: {names()} (a plug-in "
-                          f"family is named by its module path: --set rl.task=package.module)")
+        raise ConfigError(f"rl.task={name!r} has a config section but no registered family; "
+                          f"register its class with composer_jax.rl.tasks.register")
     return _FAMILIES[name]
 
 
