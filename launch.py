@@ -17,7 +17,8 @@ On a multi-host TPU/GPU slice (TPU VM pods, GKE, SLURM, Open MPI) no flag is nee
 detected and jax.distributed is initialised; --coordinator etc. override the detection. Logging
 follows absl's --verbosity / -v for every logger, JAX's and Orbax's included (default: warnings
 only; -v 0 adds INFO, -v 1 DEBUG). SIGTERM / SIGINT during a training or RL loop finish the
-current step, save a checkpoint and exit 0; during set-up they stop the process with one line.
+current step, save a checkpoint and exit 0; elsewhere (set-up, evaluation) SIGTERM ends the
+process and Ctrl-C stops it with one line.
 """
 from __future__ import annotations
 
@@ -99,10 +100,8 @@ def main(argv):
     from composer_jax.errors import ComposerError
     from composer_jax.overrides import apply_overrides
     from composer_jax.runlog import run_path
-    from composer_jax.stopping import Interrupted, install_outer_handlers
 
     _apply_verbosity()
-    install_outer_handlers()
     try:
         if FLAGS.experiment in (None, "", "list"):
             if FLAGS.config or FLAGS.show_config:
@@ -143,11 +142,10 @@ def main(argv):
     except ComposerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (KeyboardInterrupt, Interrupted) as e:
-        name = "SIGINT" if isinstance(e, KeyboardInterrupt) else str(e)
-        print(f"\n{name}: stopped before the run's loop started (nothing to save); rerun the same "
-              f"command to start again", file=sys.stderr)
-        return 130 if name == "SIGINT" else 143
+    except KeyboardInterrupt:
+        print("\nSIGINT: stopped outside a training loop (nothing to save); rerun the same command "
+              "to start again", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

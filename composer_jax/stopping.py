@@ -8,8 +8,8 @@
 Inside the block the first SIGTERM or SIGINT only sets `stop.requested` (and `stop.signal_name`):
 the loop finishes its current step, checkpoints and returns normally, so the process exits 0. A
 second SIGINT while stopping raises KeyboardInterrupt (for a user who does not want to wait).
-Outside the block the previous handlers apply. `launch.py` turns a signal that arrives outside any
-such block (while a run is being set up) into a one-line message instead of a traceback.
+Outside the block the previous handlers apply: SIGTERM ends the process at once (nothing is being
+trained yet), and `launch.py` turns a Ctrl-C there into a one-line message instead of a traceback.
 
 `request_stop()` sets the flag from code (tests, a notebook's stop button); off the main thread
 `stop_signals` installs nothing and only that flag works.
@@ -79,20 +79,3 @@ def stop_signals(message: str = "stopping after the current step (again to abort
         for s, h in previous.items():
             signal.signal(s, h)
         _ACTIVE.remove(flag)
-
-
-class Interrupted(Exception):
-    """A stop signal arrived outside any `stop_signals` block (launch.py reports it in one line)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def install_outer_handlers() -> None:
-    """SIGTERM outside a `stop_signals` block raises `Interrupted` in the main thread (like SIGINT's
-    KeyboardInterrupt), so setup code is interrupted promptly and `launch.py` can say so in one
-    line. Call once from the entry point."""
-    def handler(signum, frame):
-        raise Interrupted(signum)
-    signal.signal(signal.SIGTERM, handler)

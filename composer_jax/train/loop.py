@@ -116,13 +116,13 @@ def plot_curves(workdir: pathlib.Path) -> pathlib.Path | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, style in (("ce_loss", "-"), ("mtp_loss", ":"), ("val_loss", "o-")):
+    for key, style in (("ce_loss", ".-"), ("mtp_loss", ".:"), ("val_loss", "o--")):
         xs, ys = metric_series(rows, key)
-        if xs:
-            ax.plot(xs, ys, style, label=key, markersize=3)
+        if xs:                   # markers: the logged (measured) steps
+            ax.plot(xs, ys, style, label=key, markersize=3 if key != "val_loss" else 5)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
-    ax.set_title(workdir.name)
+    ax.set_title(f"{workdir.name}: training and validation loss")
     ax.grid(alpha=0.3)
     ax.legend()
     out = workdir / "plots" / "loss.png"
