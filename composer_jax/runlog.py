@@ -131,10 +131,11 @@ class MetricsWriter:
             return
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.workdir / "metrics.jsonl"
+        kept = None
         if resume_from is not None:
             kept = compact_metrics(self.workdir, upto=resume_from)
             if tensorboard:
-                rewrite_tensorboard(self.workdir, kept)
+                clear_tensorboard(self.workdir)
         if self._remote:
             self._file = _BufferedObject(path, path.read_bytes() if path.exists() else b"")
         else:
@@ -144,6 +145,8 @@ class MetricsWriter:
             if self._remote:
                 _register_tensorboard_schemes()
             self._tb = SummaryWriter(str(self.workdir / "tb"))
+            if kept:
+                replay_rows(self._tb, kept)      # one event file: the kept rows, then new ones
         tc = getattr(config, "train", None)
         if tc is not None and getattr(tc, "wandb_project", "") and tc.wandb_mode != "disabled":
             from composer_jax.config import to_dict
@@ -229,25 +232,22 @@ def compact_metrics(workdir, upto: int | None = None) -> list[dict]:
     return rows
 
 
-def rewrite_tensorboard(workdir, rows: list[dict]) -> None:
-    """Replaces the event files under WORKDIR/tb with one holding exactly `rows` (their float
-    values, at their steps and wall times)."""
+def clear_tensorboard(workdir) -> None:
+    """Deletes the event files under WORKDIR/tb (a resumed run replays the rows it keeps)."""
     tb = run_path(workdir) / "tb"
     if tb.exists():
         for f in tb.iterdir():
             if f.name.startswith("events.out.tfevents"):
                 f.unlink()
-    if not rows:
-        return
-    from tensorboardX import SummaryWriter
-    if is_remote(tb):
-        _register_tensorboard_schemes()
-    w = SummaryWriter(str(tb))
+
+
+def replay_rows(tb_writer, rows: list[dict]) -> None:
+    """Writes `rows` (their float values, at their steps and wall times) to a tensorboardX
+    SummaryWriter."""
     for r in rows:
         for k, v in r.items():
             if k not in ("step", "time") and isinstance(v, float):
-                w.add_scalar(k, v, int(r["step"]), walltime=r.get("time"))
-    w.close()
+                tb_writer.add_scalar(k, v, int(r["step"]), walltime=r.get("time"))
 
 
 def read_metrics(workdir) -> list[dict]:

@@ -136,31 +136,31 @@ def dataclasses_replace_model(cfg, model):
     return dataclasses.replace(cfg, model=model)
 
 
-def test_train_init_from_an_rl_run(rl_run, tmp_path):
-    """cpt/sft `train.init_from=RL_WORKDIR@2`: the loop starts from the RL policy's weights (one
-    step at a negligible learning rate stays within 1e-6 of them)."""
-    import dataclasses
-    import sysconfig
-
+def test_train_init_from_an_rl_run(rl_run):
+    """cpt/sft `train.init_from=RL_WORKDIR@2`: the training loop's own path (`loop._build`, then
+    `load_weights(..., template=state)` into the placed TrainState) yields the RL policy's
+    weights exactly; a model of another architecture is refused with a message that says so."""
     import jax
 
-    from composer_jax.config import Config, DataConfig, TrainConfig
-    from composer_jax.train.loop import train
+    from composer_jax.config import Config, TrainConfig
+    from composer_jax.errors import CheckpointError
+    from composer_jax.train.loop import _build, training_mesh
     from composer_jax.train.weights import load_weights
 
     work, _ = rl_run
     src = load_weights(f"{work}@2", Config())
-    data = DataConfig(source_roots=(sysconfig.get_paths()["stdlib"],), max_files=20,
-                      validation_fraction=0.1, vocab_size=src.model_cfg.vocab_size, seq_len=32,
-                      global_batch_size=2, tokenizer_train_bytes=200_000, progress=False)
-    cfg = Config(model=src.model_cfg, data=data, train=TrainConfig(
-        steps=1, lr=1e-12, warmup_steps=0, log_every=1, eval_every=1, eval_batches=1,
-        checkpoint_every=1, init_from=f"{work}@2"))
-    out = train(cfg, tmp_path / "cpt")
-    for a, b in zip(jax.tree.leaves(jax.device_get(out.state.params)), jax.tree.leaves(src.params)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
-    again = train(cfg, tmp_path / "cpt")                    # finished: nothing runs
-    assert again.already_finished and int(again.state.step) == 1
+    cfg = Config(model=src.model_cfg, train=TrainConfig(init_from=f"{work}@2"))
+    _, state = _build(cfg, training_mesh(cfg))
+    w = load_weights(cfg.train.init_from, cfg, template=state)
+    assert w.step == 2
+    for a, b, t in zip(jax.tree.leaves(w.params), jax.tree.leaves(src.params),
+                       jax.tree.leaves(state.params)):
+        assert a.sharding == t.sharding                 # restored into the template's placement
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    other = Config()                                    # `tiny`: another vocabulary
+    _, state2 = _build(other, training_mesh(other))
+    with pytest.raises(CheckpointError, match="another architecture"):
+        load_weights(f"{work}@2", other, template=state2)
 
 
 def test_rerunning_a_finished_run_changes_nothing(rl_run):
@@ -206,6 +206,20 @@ def _stop_with(proc, work, sig, n_rows):
     return s["version"]
 
 
+def test_sigterm_stops_cleanly_and_the_rerun_resumes(tmp_path):
+    """The CI version: SIGTERM during a run exits 0 with a checkpoint, plots and the summary; the
+    rerun resumes from that checkpoint and finishes with one trainer row per version."""
+    work = tmp_path / "run"
+    v = _stop_with(_start(work, 400), work, signal.SIGTERM, 2)
+    p = subprocess.run(_cmd(work, f"rl.steps={v + 2}", *SMALL), cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"resumed at version {v}" in p.stderr
+    assert [r["step"] for r in _train_rows(work)] == list(range(1, v + 3))
+    assert _tb_steps(work, "reward_mean") == list(range(1, v + 3))
+
+
+@pytest.mark.slow
 def test_sigterm_sigint_sigkill_and_resume(tmp_path):
     """SIGTERM, then SIGINT on the resumed run: each exits 0 with a checkpoint of the version it
     reached, plots and a summary. Then a SIGKILL and a rerun to the end: metrics.jsonl and
