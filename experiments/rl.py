@@ -229,7 +229,11 @@ def write_run_files(cfg: Config, workdir: pathlib.Path) -> None:
         from composer_jax.rl import toy_tasks as tt
         tt.toy_tokenizer(cfg.model.vocab_size).save(workdir / "tokenizer.json")
         tasks = tt.make_tasks(cfg.rl.num_eval_tasks, cfg.seed, "eval", tuple(cfg.rl.parity_kinds))
-        (workdir / "prompts.json").write_text(json.dumps([t.messages() for t in tasks[:4]]))
+        chats = []
+        for t in tasks:                     # one prompt per distinct chat (nonces are not shown)
+            if t.messages() not in chats:
+                chats.append(t.messages())
+        (workdir / "prompts.json").write_text(json.dumps(chats[:4]))
     elif cfg.rl.init_from:
         src = pathlib.Path(cfg.rl.init_from) / "tokenizer.json"
         if src.is_file():

@@ -91,9 +91,8 @@ def _abstract_weights(state_dir: pathlib.Path):
     """ShapeDtypeStructs of the params and buffers stored in a checkpoint's `state` item."""
     import jax
     import orbax.checkpoint as ocp
-    md = ocp.PyTreeCheckpointer().metadata(state_dir)
-    tree = getattr(md, "item_metadata", md)
-    tree = getattr(tree, "tree", tree)
+    md = ocp.PyTreeCheckpointHandler().metadata(state_dir)
+    tree = getattr(md, "tree", md)
     if not isinstance(tree, dict) or "params" not in tree:
         raise CheckpointError(f"{state_dir} does not hold a TrainState (no params)")
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -123,7 +122,7 @@ def restore_weights(run_dir, step: int | None = None, template=None):
     An unreadable newest checkpoint falls back to the previous one, with a warning."""
     import jax
     import orbax.checkpoint as ocp
-    run_dir = pathlib.Path(run_dir)
+    run_dir = pathlib.Path(run_dir).expanduser().absolute()     # Orbax wants absolute paths
     errors = []
     for s in resolve_step(run_dir, step):
         state_dir = run_dir / CHECKPOINTS / str(s) / "state"
@@ -143,8 +142,9 @@ def restore_weights(run_dir, step: int | None = None, template=None):
             _check_shapes(stored, wanted, f"{run_dir}@{s}")
         else:
             wanted = stored
+        handler = ocp.PyTreeCheckpointHandler()
         try:
-            out = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
+            out = handler.restore(state_dir, args=ocp.args.PyTreeRestore(
                 item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
                 partial_restore=True))
         except Exception as e:  # noqa: BLE001
@@ -152,5 +152,7 @@ def restore_weights(run_dir, step: int | None = None, template=None):
             print(f"warning: checkpoint {state_dir.parent} is unreadable ({type(e).__name__}); "
                   f"trying the previous one", file=sys.stderr)
             continue
+        finally:
+            handler.close()
         return out["params"], out.get("buffers", {}), s, meta
     raise CheckpointError(f"no readable checkpoint in {run_dir / CHECKPOINTS}: " + "; ".join(errors))
