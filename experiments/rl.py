@@ -10,13 +10,14 @@ Defaults run on a laptop CPU in a few minutes: the known-optimum "parity" task f
 registered task family (`composer_jax.rl.tasks`; README "Adding an RL task"), `--set
 rl.job.backend=ray` the same services as Ray actors (`--set rl.job.ray_address=HOST:PORT` joins a
 cluster). Outputs in WORKDIR:
-config.json, metrics.jsonl, tb/, rollouts/ (the rollout log), checkpoints/, plots/, rl_summary.json.
-Rerunning the same command resumes from the newest checkpoint.
+config.json, metrics.jsonl, tb/, rollouts/ (the rollout log), checkpoints/, plots/, rl_summary.json,
+tokenizer.json and prompts.json (so `eval` / `generate` read the run like any other). Rerunning the
+same command resumes from the newest checkpoint; a finished run says so and changes nothing.
+SIGTERM / SIGINT finish the current step, checkpoint, write plots and the summary, and exit 0.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 
 from composer_jax import registry
@@ -32,7 +33,7 @@ def _config(max_staleness: int) -> Config:
     # with loss_normalizer 64 (about one step's tokens), 4 tasks x 8 samples per step, 6 new
     # tokens per reply. Default: the unconditional parity variant (reply with even characters),
     # which a fresh tiny policy learns in ~60 versions; `--set rl.task.kinds=even,odd --set
-    # rl.steps=300 --set train.steps=300` is the conditional one (slower and less reliable: README)
+    # rl.steps=300` is the conditional one (slower and less reliable: README)
     rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=150,
                   max_new_tokens=6, seq_len=64, loss_normalizer=64.0,
                   task=ParityTaskConfig(num_train_tasks=64, num_eval_tasks=16, kinds=("even",)),
@@ -138,41 +139,66 @@ def make_store(cfg: Config, backend=None):
     return backend.make_store(WeightSyncSettings(**dataclasses.asdict(cfg.rl.weight_sync)))
 
 
-def run(cfg: Config, workdir: pathlib.Path) -> dict:
+def _train(cfg: Config, workdir: pathlib.Path, stop) -> dict:
+    """The run inside `stop_signals`: the family's resolved config (saved when it changed), its
+    run files, the driver on the chosen backend, then the plots."""
     from composer_jax.rl.backend import make_backend
     from composer_jax.rl.driver import run_rl
     from composer_jax.rl.plots import write_plots
     from composer_jax.rl.settings import settings_from_config
     from composer_jax.rl.tasks import family_of
-    if cfg.train.steps < cfg.rl.steps and cfg.train.schedule != Schedule.CONSTANT:
-        raise ConfigError(f"train.steps={cfg.train.steps} < rl.steps={cfg.rl.steps}: the learning "
-                          f"rate schedule would end before the run; raise train.steps")
-    from absl import logging
-    logging.set_verbosity(logging.WARNING)      # Orbax logs every save at INFO
     resolved = prepare(cfg)
     if resolved != cfg:
         from composer_jax.api import save_config
         cfg = resolved
         save_config(cfg, workdir / "config.json")     # e.g. the resolved pool, policy and model
+    family = family_of(cfg)
+    family.write_run_files(workdir)
     settings = settings_from_config(cfg)
     backend = make_backend(settings)
     try:
         summary = run_rl(program_spec(cfg), workdir, settings, make_store(cfg, backend),
-                         eval_fn=family_of(cfg).make_eval_fn(), backend=backend)
+                         stop_event=stop, eval_fn=family.make_eval_fn(), backend=backend)
     finally:
         backend.shutdown()
     write_plots(workdir, summary)
-    print(json.dumps({k: summary[k] for k in ("version", "rollouts_finished", "rollouts_trained",
-                                              "error_rollouts", "worker_restarts", "elapsed_s",
-                                              "rollouts_per_sec", "trainer_idle_frac", "eval")}))
     return summary
+
+
+def run(cfg: Config, workdir: pathlib.Path) -> dict:
+    from composer_jax.rl.driver import finished_version
+    from composer_jax.rl.run_report import end_summary
+    from composer_jax.runlog import read_metrics
+    from composer_jax.stopping import stop_signals
+    done_at = finished_version(workdir, cfg.rl.steps)
+    if done_at is not None:
+        print(f"already finished at version {done_at} (rl.steps={cfg.rl.steps}): nothing to do; "
+              f"summary {workdir / 'rl_summary.json'}, plots {workdir / 'plots'}. Raise rl.steps "
+              f"to train on, or use another --workdir")
+        return {"version": done_at, "already_finished": True}
+    with stop_signals() as stop:
+        summary = _train(cfg, workdir, stop)
+    name = "rl_sync" if cfg.rl.max_staleness == 0 else "rl_async"
+    print(end_summary(name, summary, workdir, read_metrics(workdir)))
+    return summary
+
+
+def check_steps(default):
+    """An RL run trains `rl.steps` versions (its learning-rate schedule spans them too:
+    `rl.step.build_rl_step`); `train.steps` is not used, so setting it is an error that says so."""
+    def check(cfg: Config) -> None:
+        if cfg.train.steps != default().train.steps:
+            raise ConfigError(f"train.steps={cfg.train.steps}: RL runs train rl.steps versions "
+                              f"(now {cfg.rl.steps}) and do not read train.steps; set rl.steps "
+                              f"instead")
+    return check
 
 
 registry.register("rl_async", "asynchronous RL (streamed rollouts, in-flight weight updates, "
                   "staleness <= rl.max_staleness=2, fault-tolerant; local or Ray backend)",
-                  lambda: _config(2), run)
+                  lambda: _config(2), run, check_steps(lambda: _config(2)))
 registry.register("rl_sync", "the rl_async job with rl.max_staleness=0 (synchronous RL baseline)",
-                  lambda: _config(0), run)
+                  lambda: _config(0), run, check_steps(lambda: _config(0)))
 registry.register("rl_async_coding", "rl_async on sandboxed coding tasks (= rl_async --set "
                   "rl.task=coding): SFT-initialised policy, real tools, eval-suite evaluator",
-                  lambda: _coding_config(2), run)
+                  lambda: _coding_config(2), run, check_steps(lambda: _coding_config(2)))

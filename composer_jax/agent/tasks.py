@@ -30,6 +30,12 @@ Optional hooks (defaults in `TaskFamily`):
     make_eval_fn()                   driver side: `eval_fn(model, version) -> dict` for the
                                      checkpoint evaluator, or None to run greedy episodes of the
                                      held-out tasks (`make_tasks("eval")`)
+    sample_prompts() -> list         a few chat prompts (lists of {"role", "content"}) that
+                                     `generate` samples a run's checkpoints with (default: none;
+                                     single-turn families: distinct held-out prompts)
+    write_run_files(workdir)         driver side: WORKDIR/tokenizer.json (the prompts'
+                                     tokenizer) and WORKDIR/prompts.json (`sample_prompts`), so
+                                     `eval` / `generate` read the run like any other
 """
 from __future__ import annotations
 
@@ -84,6 +90,18 @@ class TaskFamily:
     def make_eval_fn(self):
         return None
 
+    def sample_prompts(self) -> list:
+        return []
+
+    def write_run_files(self, workdir) -> None:
+        import json
+        import pathlib
+        workdir = pathlib.Path(workdir)
+        self.tokenizer().save(str(workdir / "tokenizer.json"))
+        prompts = self.sample_prompts()
+        if prompts:
+            (workdir / "prompts.json").write_text(json.dumps(prompts))
+
 
 @functools.lru_cache(maxsize=2)
 def _toy_tokenizer(vocab_size: int):
@@ -103,6 +121,17 @@ class SingleTurnFamily(TaskFamily):
     def info(self, task_id: str) -> dict:
         """Extra JSON facts recorded in the rollout's info (beside the reply)."""
         return {}
+
+    def sample_prompts(self, limit: int = 4) -> list:
+        """Up to `limit` distinct chats of the held-out tasks (train tasks when there are none)."""
+        chats: list = []
+        for t in self.make_tasks("eval") or self.make_tasks("train"):
+            m = self.messages(t)
+            if m not in chats:
+                chats.append(m)
+            if len(chats) == limit:
+                break
+        return chats
 
     def run_episode(self, task_id: str, seed: int, policy: PolicyClient, *,
                     greedy: bool) -> Rollout:

@@ -11,7 +11,13 @@ weight versions in flight.
 
 Resume: the newest RL checkpoint gives the trainer state and the consumed groups; every admitted
 group that is not consumed is re-opened, its finished rollouts are re-admitted from the log and its
-missing samples run again (same rollout ids); the consumed log is truncated to the checkpoint.
+missing samples run again (same rollout ids); the consumed log is truncated to the checkpoint,
+and metrics.jsonl / tb/ lose the rows past it (`runlog.MetricsWriter(resume_from=...)`). Each
+checkpoint carries the run's running totals, so `rl_summary.json` covers the whole run. A run
+whose newest checkpoint is at `steps` is finished: it says so and changes nothing.
+
+Stop: when `stop_event` is set (experiments/rl.py sets it on SIGTERM / SIGINT) the trainer
+finishes its current step, the current version is checkpointed and the summary written.
 
 Run directory: rollouts/ (the log), checkpoints/, metrics.jsonl, tb/, workers.json (live rollout
 worker pids), plots/ (written at the end by `rl/plots.py`).
@@ -60,8 +66,13 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     builds the inference service and the worker pool (default: `make_backend(settings)`).
     `eval_fn(model, version) -> dict`: when given (and eval_every > 0), the checkpoint evaluator
     scores every eval_every-th version and the last with it (e.g. the eval suite's runner);
-    otherwise the program's own held-out tasks are run as greedy episodes."""
-    run = RLRun(spec, pathlib.Path(workdir), settings, store, eval_fn,
+    otherwise the program's own held-out tasks are run as greedy episodes. A finished run
+    returns its rl_summary.json with `already_finished` set, writing nothing."""
+    workdir = pathlib.Path(workdir)
+    done = already_finished(workdir, settings.steps)
+    if done is not None:
+        return done
+    run = RLRun(spec, workdir, settings, store, eval_fn,
                 backend if backend is not None else make_backend(settings))
     try:
         while True:
@@ -69,6 +80,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
             if p.error is not None:
                 raise p.error
             if stop_event is not None and stop_event.is_set():
+                run.stopped_by = getattr(stop_event, "signal_name", "") or "stop request"
                 break
             run.follow(p.version)           # admission and held-out evaluation follow the trainer
             if p.done and not run.evaluating():
@@ -82,10 +94,28 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     return summarize(run)
 
 
+def finished_version(workdir, steps: int) -> int | None:
+    """The newest checkpoint's version when it is >= `steps` (the run is finished), else None."""
+    from composer_jax.train.run_checkpoint import checkpoint_steps
+    have = checkpoint_steps(workdir)
+    return have[-1] if have and have[-1] >= steps else None
+
+
+def already_finished(workdir: pathlib.Path, steps: int) -> dict | None:
+    """A finished run's rl_summary.json with `already_finished` set (None when not finished)."""
+    done_at = finished_version(workdir, steps)
+    if done_at is None:
+        return None
+    path = workdir / "rl_summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {"version": done_at}
+    return {**summary, "already_finished": True, "version": done_at}
+
+
 @dataclasses.dataclass
 class Resumed:
     """Where a run starts (`resume`): learner state and version, the groups already trained on,
-    episodes to (re)run, the next group index, groups started so far, rollouts re-admitted."""
+    episodes to (re)run, the next group index, groups started so far, rollouts re-admitted,
+    and the run's totals up to the restored checkpoint (`RLRun.totals`)."""
     state: object
     version: int
     consumed: set
@@ -94,6 +124,7 @@ class Resumed:
     started: int
     readmitted: int
     restored: bool
+    prior: dict
 
 
 def resume(learner, ckpt, log: RolloutLog, stream: RolloutStream,
@@ -103,10 +134,11 @@ def resume(learner, ckpt, log: RolloutLog, stream: RolloutStream,
     queued again (same rollout ids); the consumed log is truncated to the checkpoint."""
     restored = ckpt.restore_latest(learner.state_template()) if ckpt.manager.all_steps() else None
     if restored is None:
-        state, version, consumed = learner.init_state(), 0, set()
+        state, version, consumed, prior = learner.init_state(), 0, set(), {}
     else:
         state, meta = restored
         version, consumed = int(meta["version"]), set(meta["consumed_groups"])
+        prior = meta.get("totals", {})
     log.truncate_consumed(version)
     admitted, logged = log.admitted(), log.scan()
     by_group = collections.defaultdict(list)
@@ -127,22 +159,29 @@ def resume(learner, ckpt, log: RolloutLog, stream: RolloutStream,
             pending.append(Job(gid, s, row["task_id"], job_seed(settings.seed, row["index"], s)))
     next_index = 1 + max([row["index"] for row in admitted.values()], default=-1)
     return Resumed(state, version, consumed, pending, next_index,
-                   len(set(admitted) | consumed), readmitted, restored is not None)
+                   len(set(admitted) | consumed), readmitted, restored is not None, prior)
 
 
 class _Metrics:
-    """A thread-safe front for runlog.MetricsWriter (trainer and evaluator both write)."""
+    """A thread-safe front for runlog.MetricsWriter (trainer and evaluator both write); rows past
+    `resume_from` are dropped first. `train` is the newest trainer row (the one with
+    `reward_mean`) and `train_step` its version."""
 
-    def __init__(self, workdir: pathlib.Path):
-        from composer_jax.runlog import MetricsWriter
-        self.writer = MetricsWriter(workdir)
+    def __init__(self, workdir: pathlib.Path, resume_from: int):
+        from composer_jax.runlog import MetricsWriter, read_metrics
+        self.writer = MetricsWriter(workdir, resume_from=resume_from)
         self.lock = threading.Lock()
         self.last: dict = {}
+        kept = [r for r in read_metrics(workdir) if "reward_mean" in r]
+        self.train: dict = kept[-1] if kept else {}
+        self.train_step: int = int(self.train.get("step", 0))
 
     def __call__(self, step: int, row: dict) -> None:
         with self.lock:
             self.writer.write(step, row)
             self.last.update(row)
+            if "reward_mean" in row:
+                self.train, self.train_step = dict(row), max(self.train_step, int(step))
 
     def close(self):
         self.writer.close()
@@ -150,8 +189,9 @@ class _Metrics:
 
 class RLRun:
     """One run's services and bookkeeping; `run_rl` drives it. Built in this order: the program,
-    rollout log and stream, admission control, checkpointer, learner, `resume`, the trainer (and
-    its first publish), the inference service, the evaluators, the worker pool."""
+    rollout log and stream, admission control, checkpointer, learner, `resume`, the metrics
+    writer, the trainer (and its first publish), the inference service, the evaluators, the
+    worker pool."""
 
     def __init__(self, spec: ProgramSpec, workdir: pathlib.Path, settings: DriverSettings, store,
                  eval_fn, backend: Backend):
@@ -165,11 +205,15 @@ class RLRun:
         self.log = RolloutLog(workdir / "rollouts")
         self.stream = RolloutStream(self.log, settings.group_size)
         self.admission = AdmissionControl(settings.batch_groups, settings.max_staleness)
-        self.ckpt = RLCheckpointer(workdir / "checkpoints")
-        self.metrics = _Metrics(workdir)
+        cfg = spec.kwargs.get("config") or {}
+        self.ckpt = RLCheckpointer(workdir / "checkpoints", meta=(
+            {"model": cfg["model"], "seed": cfg.get("seed", settings.seed)}
+            if "model" in cfg else None))
         self.learner = program.make_learner()
         self.start = resume(self.learner, self.ckpt, self.log, self.stream, settings)
+        self.metrics = _Metrics(workdir, resume_from=self.start.version)
         self._resumed_message()
+        self.stopped_by = ""
         self.pending, self.next_index = self.start.pending, self.start.next_index
         self.admission.started = self.start.started
         self.admission.advance(self.start.version)
@@ -210,7 +254,19 @@ class RLRun:
     # ---------------------------------------------------------------- TrainerHooks
 
     def checkpoint(self, version: int, state, consumed_groups: set) -> None:
-        self.ckpt.save(version, state, consumed_groups, self.admission.started)
+        self.ckpt.save(version, state, consumed_groups, self.admission.started, self.totals())
+
+    def totals(self) -> dict:
+        """The whole run's totals so far: the restored checkpoint's plus this segment's."""
+        p, prior = self.trainer.progress, self.start.prior
+        hist = collections.Counter({int(k): v for k, v in prior.get("staleness_hist", {}).items()})
+        hist.update(self.trainer.staleness_hist)
+        return {"elapsed_s": prior.get("elapsed_s", 0.0) + time.monotonic() - self.t_start,
+                "rollouts_trained": prior.get("rollouts_trained", 0) + p.rollouts_trained,
+                "tokens_trained": prior.get("tokens_trained", 0) + p.tokens_trained,
+                "trainer_wait_s": prior.get("trainer_wait_s", 0.0) + p.wait_s,
+                "trainer_busy_s": prior.get("trainer_busy_s", 0.0) + p.busy_s,
+                "staleness_hist": {str(k): v for k, v in sorted(hist.items())}}
 
     def log_metrics(self, version: int, row: dict) -> None:
         self.metrics(version, row)
@@ -266,15 +322,15 @@ class RLRun:
         the episode of a worker that died back to the front of the queue."""
         for job, rollout in self.pool.results(tick_s):
             if rollout is None:
-                print(f"warning: rollout worker died running {job.rollout_id}; replaced, "
-                      f"episode requeued", file=sys.stderr)
+                _warn(self.bar, f"warning: rollout worker died running {job.rollout_id}; "
+                                f"replaced, episode requeued")
                 self.pending.appendleft(job)
             elif job.kind == EVAL:
                 self.evaluator.record(job, rollout)
             else:
                 if rollout.error is not None:
-                    print(f"warning: episode {rollout.rollout_id} on {rollout.task_id} "
-                          f"failed: {rollout.error}", file=sys.stderr)
+                    _warn(self.bar, f"warning: episode {rollout.rollout_id} on "
+                                    f"{rollout.task_id} failed: {rollout.error}")
                 self.stream.put(rollout)
 
     def report(self, p) -> None:
@@ -284,11 +340,16 @@ class RLRun:
             atomic_write_bytes(self.workdir / "workers.json", json.dumps(
                 {"pids": pids, "restarts": self.pool.restarts}).encode())
             self.pids_written = pids
-        _update(self.bar, p, self.stream, self.metrics.last)
+        _update(self.bar, self.stream, self.metrics)
 
     def close(self) -> None:
+        """Stops every service; a stopped run first checkpoints the version it reached (the
+        trainer finishes the step in progress and logs its row)."""
         self.trainer.stop()
         self.trainer.join(timeout=600)
+        p = self.trainer.progress
+        if self.stopped_by and p.error is None and p.version not in self.ckpt.manager.all_steps():
+            self.checkpoint(p.version, self.trainer.state, p.consumed_groups)
         self.pool.close()
         self.inference_stats = self.inference.stats()
         self.inference.stop()
@@ -300,26 +361,54 @@ class RLRun:
 
 
 def summarize(run: RLRun) -> dict:
-    """The run's summary, also written to WORKDIR/rl_summary.json."""
-    p, elapsed = run.trainer.progress, run.elapsed_s
-    finished = run.stream.num_put - run.put_at_start
-    evals = {**run.evaluator.results, **(run.ckpt_eval.results if run.ckpt_eval else {})}
+    """The whole run's summary (the checkpointed totals of earlier segments included), also
+    written to WORKDIR/rl_summary.json; `segment` holds this process's part."""
+    p, tot, settings = run.trainer.progress, run.totals(), run.settings
+    finished = len(run.log.scan())      # every rollout the run finished (the log, all segments)
+    evals = _eval_rows(run.workdir)
+    evals.update({str(k): v for k, v in {**run.evaluator.results, **(
+        run.ckpt_eval.results if run.ckpt_eval is not None else {})}.items()})
+    elapsed = max(tot["elapsed_s"], 1e-9)
     summary = {
-        "version": p.version, "rollouts_finished": finished,
-        "rollouts_trained": p.rollouts_trained, "tokens_trained": p.tokens_trained,
+        "version": p.version, "steps": settings.steps, "finished": p.version >= settings.steps,
+        "stopped_by": run.stopped_by, "rollouts_finished": finished,
+        "rollouts_trained": tot["rollouts_trained"], "tokens_trained": tot["tokens_trained"],
         "error_rollouts": run.stream.num_errors, "worker_restarts": run.pool.restarts,
-        "elapsed_s": elapsed, "rollouts_per_sec": finished / elapsed,
-        "trained_tokens_per_sec": p.tokens_trained / elapsed,
-        "trainer_idle_frac": p.wait_s / max(p.wait_s + p.busy_s, 1e-9),
-        "staleness_hist": dict(collections.Counter(run.trainer.staleness_hist)),
-        "eval": {str(k): v for k, v in sorted(evals.items())},
+        "elapsed_s": tot["elapsed_s"], "rollouts_per_sec": finished / elapsed,
+        "trained_tokens_per_sec": tot["tokens_trained"] / elapsed,
+        "trainer_idle_frac": tot["trainer_wait_s"] / max(tot["trainer_wait_s"]
+                                                         + tot["trainer_busy_s"], 1e-9),
+        "staleness_hist": tot["staleness_hist"],
+        "eval": dict(sorted(evals.items(), key=lambda kv: int(kv[0]))),
         "eval_source": ("eval suite (checkpoint evaluator)" if run.ckpt_eval is not None else
                         "held-out tasks of the program (parity: held-out parity tasks)"),
         "inference": run.inference_stats,
         "resumed_from": run.start.version, "readmitted": run.start.readmitted,
+        "segment": {"elapsed_s": run.elapsed_s,
+                    "rollouts_finished": run.stream.num_put - run.put_at_start,
+                    "rollouts_trained": p.rollouts_trained},
     }
     atomic_write_bytes(run.workdir / "rl_summary.json", json.dumps(summary, indent=1).encode())
     return summary
+
+
+def _eval_rows(workdir: pathlib.Path) -> dict:
+    """{version: held-out evaluation results} from metrics.jsonl (every segment of the run)."""
+    from composer_jax.runlog import read_metrics
+    out = {}
+    for r in read_metrics(workdir):
+        if "eval_resolved_rate" in r:
+            out[str(r["step"])] = {k: v for k, v in r.items()
+                                   if k.startswith(("eval_", "heldout_"))}
+    return out
+
+
+def _warn(bar, message: str) -> None:
+    """A warning on its own line, above the progress bar (never glued onto it)."""
+    if bar is not None:
+        bar.write(message, file=sys.stderr)
+    else:
+        print(message, file=sys.stderr)
 
 
 def _progress(settings: DriverSettings, version: int):
@@ -330,10 +419,16 @@ def _progress(settings: DriverSettings, version: int):
                 dynamic_ncols=True, file=sys.stderr)
 
 
-def _update(bar, p, stream: RolloutStream, last: dict) -> None:
+def _update(bar, stream: RolloutStream, metrics: _Metrics) -> None:
+    """Advances the bar to the newest logged trainer row, with that row's reward and staleness
+    (so every shown version has its numbers; nothing before the first row)."""
     if bar is None:
         return
-    if p.version > bar.n:
-        bar.update(p.version - bar.n)
-    bar.set_postfix(rollouts=stream.num_put, reward=f"{p.last_reward:.3f}",
-                    stale=f"{last.get('staleness_mean', 0):.1f}", refresh=False)
+    row = metrics.train
+    post = {"rollouts": stream.num_put}
+    if row:
+        post["reward"] = f"{row['reward_mean']:.3f}"
+        post["stale"] = f"{row.get('staleness_mean', 0.0):.1f}"
+    bar.set_postfix(post, refresh=False)
+    if metrics.train_step > bar.n:
+        bar.update(metrics.train_step - bar.n)

@@ -123,8 +123,6 @@ class TrainerService:
         p.tokens_trained += tokens
         p.wait_s += t1 - t0
         p.busy_s += t2 - t1
-        if new_version % self.checkpoint_every == 0 or new_version == self.total_steps:
-            self.hooks.checkpoint(new_version, state, p.consumed_groups)
         rewards = np.array([r.total_reward for r in rollouts], np.float64)
         p.last_reward = float(rewards.mean())
         self.staleness_hist.extend(stale)
@@ -145,3 +143,6 @@ class TrainerService:
             **sync,
         }
         self.hooks.log_metrics(new_version, row)
+        # after the row: a resumed run keeps the rows up to its checkpoint, so none is missing
+        if new_version % self.checkpoint_every == 0 or new_version == self.total_steps:
+            self.hooks.checkpoint(new_version, state, p.consumed_groups)

@@ -100,6 +100,12 @@ class CodingFamily(TaskFamily):
                               f"{self.cfg.model.vocab_size}")
         return w.model()
 
+    def write_run_files(self, workdir) -> None:
+        """WORKDIR/tokenizer.json: a copy of the initial policy's tokenizer file."""
+        src = pathlib.Path(self.tokenizer_path)
+        if src.is_file():
+            (pathlib.Path(workdir) / "tokenizer.json").write_bytes(src.read_bytes())
+
     def make_eval_fn(self):
         """The eval suite's runner (`eval.api.eval_resolved_rate`) on rl.task.num_eval_tasks
         held-out suite tasks, or None with rl.job.eval_every = 0."""
