@@ -31,7 +31,7 @@ from composer_jax.config.legacy import (MOVED_MODEL_KEYS, migrate_legacy_config,
 from composer_jax.config.mesh import MESH_AXES, MeshConfig
 from composer_jax.config.model import (MODEL_PRESETS, ModelConfig, RopeConfig, RopeScaling,
                                        ScoringFunc, deepseek_v3, kimi_k2_5, small, tiny)
-from composer_jax.config.rl import PolicyLoss, RLBackend, RLConfig, RLTasks, WorkerMode
+from composer_jax.config.rl import PolicyLoss, RLBackend, RLConfig, RLTasks, StalePolicy, WorkerMode
 from composer_jax.config.train import MTPLoss, Optimizer, Schedule, TrainConfig
 from composer_jax.data.config import DataConfig
 from composer_jax.env.config import EnvConfig
@@ -41,7 +41,7 @@ __all__ = [
     "Config", "ConfigError", "DataConfig", "DType", "EngineConfig", "EnvConfig", "EvalConfig",
     "ExecutionConfig", "EXECUTION_PRESETS", "MESH_AXES", "MeshConfig", "MODEL_PRESETS",
     "MODEL_PRESET_EXECUTION", "MOVED_MODEL_KEYS", "MTPLoss", "MoEImpl", "ModelConfig",
-    "Optimizer", "PolicyLoss", "Precision", "RLBackend", "RLConfig", "RLTasks", "Remat",
+    "Optimizer", "PolicyLoss", "Precision", "RLBackend", "RLConfig", "RLTasks", "Remat", "StalePolicy",
     "RopeConfig", "RopeScaling", "Schedule", "ScoringFunc", "SECTION_PRESETS", "TrainConfig",
     "WorkerMode", "bf16", "deepseek_v3", "from_dict", "kimi_k2_5", "migrate_legacy_config",
     "small", "split_legacy_model", "tiny", "to_dict"]

@@ -25,6 +25,12 @@ class WorkerMode(str, enum.Enum):
 class RLTasks(str, enum.Enum):
     PARITY = "parity"    # the known-optimum task family of composer_jax.rl.toy_tasks
     CODING = "coding"    # sandboxed coding tasks of the env task pool (token-level agent)
+    LOOKUP = "lookup"    # multi-turn tool-using notes family of composer_jax.rl.lookup_tasks
+
+
+class StalePolicy(str, enum.Enum):
+    DROP = "drop"        # a group with a rollout older than rl.max_staleness is not trained
+    KEEP = "keep"        # trained anyway, corrected by the truncated importance weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +72,12 @@ class RLConfig:
     parity_kinds: tuple[str, ...] = ("even", "odd")   # tasks=parity: ("even",) = unconditional
     env_latency_scale: float = 0.0      # tasks=parity: x measured sandbox episode times (rl/latency_model.py; 0 = off)
     init_from: str = ""                 # tasks=coding: policy checkpoint (workdir); "" = the cached `sft` run
+    stale_policy: StalePolicy = StalePolicy.DROP   # at consumption, a group older than max_staleness
+    error_penalty: float = 1.0          # an error rollout with trainable tokens gets reward -error_penalty
+    max_turns: int = 4                  # tasks=lookup: assistant turns per episode
+    lookup_levels: tuple[str, ...] = ("easy",)     # tasks=lookup: easy (read, finish) / hard (read x2)
+    lookup_sft_steps: int = 40          # tasks=lookup: SFT steps of the initial policy (0 = fresh)
+    lookup_length_weights: tuple[float, ...] = (1.0, 0.0)  # length-term scale of (easy, hard)
 
     def __post_init__(self):
         _coerce_enums(self, "rl")
@@ -91,5 +103,14 @@ class RLConfig:
         _check(self.temperature >= 0, f"rl.temperature must be >= 0, got {self.temperature}")
         _check(self.env_latency_scale >= 0,
                f"rl.env_latency_scale must be >= 0 (0 = off), got {self.env_latency_scale}")
+        _check(self.error_penalty >= 0, f"rl.error_penalty must be >= 0, got {self.error_penalty}")
+        _check(self.max_turns >= 1 and self.lookup_sft_steps >= 0,
+               f"rl.max_turns must be >= 1 and rl.lookup_sft_steps >= 0, got {self.max_turns}, "
+               f"{self.lookup_sft_steps}")
+        _check(bool(self.lookup_levels) and set(self.lookup_levels) <= {"easy", "hard"},
+               f"rl.lookup_levels must be a non-empty subset of (easy, hard), got {self.lookup_levels}")
+        _check(len(self.lookup_length_weights) == 2 and min(self.lookup_length_weights) >= 0,
+               f"rl.lookup_length_weights must be two weights >= 0 (easy, hard), got "
+               f"{self.lookup_length_weights}")
         _check(bool(self.parity_kinds) and set(self.parity_kinds) <= {"even", "odd"},
                f"rl.parity_kinds must be a non-empty subset of (even, odd), got {self.parity_kinds}")

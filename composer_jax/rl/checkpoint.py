@@ -2,7 +2,8 @@
 
 Each checkpoint step (= trainer version) holds two items written together (Orbax writes a step
 into a temporary directory and renames it when complete): `state` (the learner's pytree) and `rl`
-(JSON: `version`, `consumed_groups`, `started_groups`). Restoring gives back exactly the set of
+(JSON: `version`, `consumed_groups`, `started_groups`, `dropped_groups`: how many consumed groups
+were dropped as too stale). Restoring gives back exactly the set of
 groups whose rollouts are inside the restored weights, so a restart re-admits every other finished
 rollout and trains none twice. Saves are synchronous: the consumed set must be durable before the
 trainer moves on.
@@ -26,10 +27,11 @@ class RLCheckpointer:
                                                  cleanup_tmp_directories=True),
             item_names=("state", "rl"))
 
-    def save(self, version: int, state, consumed_groups, started_groups: int = 0) -> None:
+    def save(self, version: int, state, consumed_groups, started_groups: int = 0,
+             dropped_groups: int = 0) -> None:
         ocp = self._ocp
         meta = {"version": int(version), "consumed_groups": sorted(consumed_groups),
-                "started_groups": int(started_groups)}
+                "started_groups": int(started_groups), "dropped_groups": int(dropped_groups)}
         self.manager.save(version, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), rl=ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()

@@ -41,6 +41,7 @@ class DriverSettings:
     group_size: int = 4               # G
     batch_groups: int = 2             # B
     max_staleness: int = 2            # S (0 = synchronous)
+    stale_policy: str = "drop"        # a group older than S at consumption: "drop" | "keep"
     steps: int = 10                   # trainer versions to reach
     checkpoint_every: int = 1
     eval_every: int = 0               # 0: no held-out evaluation
@@ -55,6 +56,8 @@ class DriverSettings:
     def __post_init__(self):
         if self.worker_mode not in ("thread", "process"):
             raise ConfigError(f"rl.worker_mode must be 'thread' or 'process', got {self.worker_mode!r}")
+        if self.stale_policy not in ("drop", "keep"):
+            raise ConfigError(f"rl.stale_policy must be 'drop' or 'keep', got {self.stale_policy!r}")
         if self.backend not in ("local", "ray"):
             raise ConfigError(f"rl.backend must be 'local' or 'ray', got {self.backend!r}")
         for name in ("group_size", "batch_groups", "steps", "checkpoint_every", "num_workers"):
@@ -66,7 +69,8 @@ def settings_from_config(cfg, progress: bool = True) -> DriverSettings:
     """The driver's settings from a Config's `rl` section (and its seed)."""
     rl = cfg.rl
     return DriverSettings(group_size=rl.group_size, batch_groups=rl.batch_groups,
-                          max_staleness=rl.max_staleness, steps=rl.steps,
+                          max_staleness=rl.max_staleness, stale_policy=rl.stale_policy.value,
+                          steps=rl.steps,
                           checkpoint_every=rl.checkpoint_every, eval_every=rl.eval_every,
                           num_workers=rl.num_rollout_workers, worker_mode=rl.worker_mode.value,
                           backend=rl.backend.value, ray_address=rl.ray_address, seed=cfg.seed,
@@ -138,10 +142,11 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     # ---- resume
     restored = ckpt.restore_latest(learner.state_template()) if ckpt.manager.all_steps() else None
     if restored is None:
-        state, version, consumed = learner.init_state(), 0, set()
+        state, version, consumed, dropped = learner.init_state(), 0, set(), 0
     else:
         state, meta = restored
         version, consumed = int(meta["version"]), set(meta["consumed_groups"])
+        dropped = int(meta.get("dropped_groups", 0))
     log.truncate_consumed(version)
     admitted = log.admitted()
     logged = log.scan()
@@ -163,6 +168,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
         for s in stream.missing(gid):
             pending.append(Job(gid, s, row["task_id"], job_seed(settings.seed, row["index"], s)))
     admission.started = len(set(admitted) | consumed)
+    admission.release_to(dropped)
     admission.advance(version)
     next_index = 1 + max([row["index"] for row in admitted.values()], default=-1)
     if restored is not None or readmitted:
@@ -177,7 +183,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
         return (stream.num_put - put_at_start) / max(time.monotonic() - t_start, 1e-9)
 
     def checkpoint(v, st, groups):
-        ckpt.save(v, st, groups, admission.started)
+        ckpt.save(v, st, groups, admission.started, trainer.progress.dropped_groups)
 
     ckpt_eval = None
     if eval_fn is not None and settings.eval_every > 0:
@@ -192,7 +198,9 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
                              state=state, version=version, consumed_groups=consumed,
                              checkpoint=checkpoint, log_metrics=metrics,
                              rollouts_per_sec=rollouts_per_sec,
-                             on_publish=lambda: wake_inference(), on_step=on_step)
+                             on_publish=lambda: wake_inference(), on_step=on_step,
+                             max_staleness=settings.max_staleness,
+                             stale_policy=settings.stale_policy, dropped_groups=dropped)
     if store.latest() != version:
         trainer.publish_current()
     inference = _make_inference(settings, spec, store)
@@ -217,13 +225,15 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
             # inference service has loaded it (so S = 0 is exactly synchronous)
             if v > admission.version and inference.version() >= v:
                 admission.advance(v)
+            if p.dropped_groups > admission.released:   # stale groups dropped: slots free again
+                admission.release_to(p.dropped_groups)
             if evaluator.due(v) or (v == settings.steps and eval_tasks and
                                     v not in evaluator.scheduled):
                 pending.extendleft(reversed(evaluator.jobs(v, settings.seed + 7919 * v)))
             if (p.done and not evaluator.busy() and not any(j.kind == EVAL for j in pending)
                     and (ckpt_eval is None or not ckpt_eval.busy())):
                 break
-            while admission.can_start() and admission.started < total_groups:
+            while admission.can_start() and admission.active < total_groups:
                 gid = group_name(next_index)
                 task = task_for_group(train_tasks, next_index, settings.seed)
                 log.append_admitted(gid, task, next_index)
@@ -273,6 +283,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
         "trained_tokens_per_sec": p.tokens_trained / elapsed,
         "trainer_idle_frac": p.wait_s / max(p.wait_s + p.busy_s, 1e-9),
         "staleness_hist": dict(collections.Counter(trainer.staleness_hist)),
+        "stale_dropped_groups": p.dropped_groups,
         "eval": {str(k): v for k, v in sorted({**evaluator.results, **(
             ckpt_eval.results if ckpt_eval is not None else {})}.items())},
         "eval_source": ("eval suite (checkpoint evaluator)" if ckpt_eval is not None else

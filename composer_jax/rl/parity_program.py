@@ -160,6 +160,7 @@ class ParityLearner:
         self.cfg = cfg
         self._make_model = make_model
         self._fns = self._state = None
+        self.error_penalty = cfg.rl.error_penalty   # error rollouts with tokens: reward -this
 
     def _build(self):
         if self._fns is None:
@@ -185,7 +186,8 @@ class ParityLearner:
         rollouts = [r for g in groups for r in g]
         batch = make_batch(rollouts, seq_len=self.cfg.rl.seq_len,
                            batch_size=self.cfg.rl.batch_groups * self.cfg.rl.group_size,
-                           router_replay=self.cfg.rl.router_replay)
+                           router_replay=self.cfg.rl.router_replay,
+                           error_reward=-self.error_penalty)
         state, metrics = fns.rl_step(state, batch)
         return state, {k: float(v) for k, v in jax.device_get(metrics).items()}
 

@@ -8,6 +8,10 @@ rollout stream (`rl/stream.py`) and the weight store (`publish(version, params)`
   any exception becomes an error rollout (reward 0, the reason in `error`), never a crashed run.
 - `TrainerService`: takes B complete groups as soon as they are buffered, runs the learner's
   pure update step, publishes the new version, records the consumed groups, checkpoints, logs.
+  Staleness is bounded at consumption: a group holding a rollout whose oldest token is more than
+  `max_staleness` versions behind the trainer is dropped (stale_policy "drop": recorded as
+  consumed, counted in `stale_dropped_*`, its admission slot released) or trained with the
+  truncated IS correction ("keep": counted in `stale_kept_rollouts`).
 - `EvaluatorService`: collects held-out episodes of one policy version and logs
   `eval_resolved_rate` when they are all in.
 """
@@ -217,6 +221,7 @@ class TrainerProgress:
     busy_s: float = 0.0
     error: BaseException | None = None
     done: bool = False
+    dropped_groups: int = 0          # groups dropped as too stale, over every life of the run
 
 
 class TrainerService:
@@ -227,7 +232,9 @@ class TrainerService:
                  total_steps: int, checkpoint_every: int, state, version: int,
                  consumed_groups: set, checkpoint: Callable, log_metrics: Callable,
                  rollouts_per_sec: Callable[[], float], on_publish: Callable[[], None] = None,
-                 on_step: Callable[[int, object], None] | None = None):
+                 on_step: Callable[[int, object], None] | None = None,
+                 max_staleness: int | None = None, stale_policy: str = "drop",
+                 dropped_groups: int = 0):
         self.learner, self.stream, self.store, self.log = learner, stream, store, log
         self.batch_groups, self.total_steps = batch_groups, total_steps
         self.checkpoint_every = checkpoint_every
@@ -240,6 +247,10 @@ class TrainerService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.staleness_hist: list[int] = []
+        if stale_policy not in ("drop", "keep"):
+            raise ValueError(f"stale_policy must be 'drop' or 'keep', got {stale_policy!r}")
+        self.max_staleness, self.stale_policy = max_staleness, stale_policy
+        self.progress.dropped_groups = int(dropped_groups)
 
     def publish_current(self) -> dict:
         """Publishes the current state as its version (start of a run or after a restore)."""
@@ -270,21 +281,22 @@ class TrainerService:
     def _one_step(self) -> None:
         p = self.progress
         t0 = time.monotonic()
-        groups = None
-        while groups is None:
-            if self._stop.is_set():
-                return
-            groups = self.stream.get_groups(self.batch_groups, timeout=0.5)
+        groups, dropped = self._take_groups()
+        if groups is None:
+            return
         t1 = time.monotonic()
         rollouts = [r for g in groups for r in g.ordered()]
         stale = [s for s in (staleness(r, p.version) for r in rollouts) if s is not None]
+        bound = self.max_staleness
+        over = 0 if bound is None else sum(s > bound for s in stale)
         state, metrics = self.learner.step(self.state, [g.ordered() for g in groups])
         new_version = p.version + 1
         w = self.learner.weights(state)
         sync = sync_stats(self.store.publish(new_version, w), w)
         t2 = time.monotonic()
-        ids = [r.rollout_id for r in rollouts]
-        gids = [g.group_id for g in groups]
+        dropped_rollouts = [r for g in dropped for r in g.ordered()]
+        ids = [r.rollout_id for r in rollouts + dropped_rollouts]
+        gids = [g.group_id for g in groups + dropped]
         self.log.append_consumed(new_version, gids, ids)
         self.state = state
         p.consumed_groups.update(gids)
@@ -308,6 +320,11 @@ class TrainerService:
             "error_rate": float(np.mean([r.error is not None for r in rollouts])),
             "staleness_mean": float(np.mean(stale)) if stale else 0.0,
             "staleness_max": float(max(stale)) if stale else 0.0,
+            "stale_dropped_groups": float(len(dropped)),
+            "stale_dropped_rollouts": float(len(dropped_rollouts)),
+            "stale_dropped_groups_total": float(p.dropped_groups),
+            "stale_kept_rollouts": float(over),
+            **error_metrics(rollouts, getattr(self.learner, "error_penalty", None)),
             "trainer_idle_frac": (t1 - t0) / max(t2 - t0, 1e-9),
             "trainer_idle_frac_total": p.wait_s / max(p.wait_s + p.busy_s, 1e-9),
             "step_time_s": t2 - t0,
@@ -318,6 +335,43 @@ class TrainerService:
             **sync,
         }
         self._log_metrics(new_version, row)
+
+    def _take_groups(self):
+        """(B groups to train, groups dropped as too stale) or (None, dropped) when stopped.
+        With stale_policy "drop", a group whose oldest token is more than max_staleness versions
+        behind the trainer is set aside and replaced by the next complete group; the running
+        count `progress.dropped_groups` tells the driver to release its admission slot."""
+        p = self.progress
+        kept, dropped = [], []
+        while len(kept) < self.batch_groups:
+            if self._stop.is_set():
+                return None, dropped
+            got = self.stream.get_groups(self.batch_groups - len(kept), timeout=0.5)
+            for g in got or ():
+                if self.stale_policy == "drop" and self.max_staleness is not None and \
+                        group_staleness(g.ordered(), p.version) > self.max_staleness:
+                    dropped.append(g)
+                    p.dropped_groups += 1
+                else:
+                    kept.append(g)
+        return kept, dropped
+
+
+def group_staleness(rollouts: list[Rollout], trainer_version: int) -> int:
+    """The largest staleness of a group's rollouts (-1 when none sampled a token)."""
+    return max((s for s in (staleness(r, trainer_version) for r in rollouts) if s is not None),
+               default=-1)
+
+
+def error_metrics(rollouts: list[Rollout], penalty: float | None) -> dict:
+    """error_penalised: error rollouts trained with reward -penalty (they have sampled tokens);
+    error_excluded: error rollouts without a sampled token (nothing to train: left out, counted).
+    With penalty None (a learner that excludes every error rollout) all count as excluded."""
+    errs = [r for r in rollouts if r.error is not None]
+    if penalty is None:
+        return {"error_penalised": 0.0, "error_excluded": float(len(errs))}
+    trainable = sum(r.num_trainable > 0 for r in errs)
+    return {"error_penalised": float(trainable), "error_excluded": float(len(errs) - trainable)}
 
 
 # ---------------------------------------------------------------------------------------------
