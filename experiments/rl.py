@@ -5,8 +5,11 @@
              admission control (rl.max_staleness = 2); rollout-level fault tolerance and resume
   rl_sync    the same with rl.max_staleness = 0 (synchronous RL: generate a batch, train, repeat)
 
-Defaults run on a laptop CPU in a few minutes: the known-optimum "parity" task family
-(`composer_jax.rl.toy_tasks`) with the `tiny` MoE policy. `--set rl.backend=ray` runs the same
+Defaults run on a laptop CPU in a few minutes: the known-optimum, multi-turn, tool-using "lookup"
+task family (`composer_jax.rl.lookup_tasks`: read the note the prompt names with read_file, follow
+it, finish with its code; held-out prompts use keys never trained on) with the `tiny` MoE policy
+after a short SFT on training demonstrations. `--set rl.tasks=parity` is the single-turn parity
+family, `--set rl.tasks=coding` the sandboxed coding tasks. `--set rl.backend=ray` runs the same
 services as Ray actors (`--set rl.ray_address=HOST:PORT` joins a cluster). Outputs in WORKDIR:
 config.json, metrics.jsonl, tb/, rollouts/ (the rollout log), checkpoints/, plots/, rl_summary.json.
 Rerunning the same command resumes from the newest checkpoint.
@@ -23,6 +26,25 @@ from composer_jax.config import (Config, EvalConfig, RLConfig, RLTasks, Schedule
                                  to_dict)
 from composer_jax.env.config import EnvConfig
 from composer_jax.errors import ConfigError
+
+
+def _lookup_config(max_staleness: int) -> Config:
+    """rl.tasks=lookup (the default): easy and hard tasks (2 or 3 tool calls), 64 held-out tasks
+    evaluated greedily every 10 versions; the initial policy is a fresh tiny MoE after
+    rl.lookup_sft_steps SFT steps on training demonstrations (held-out keys never trained on);
+    4 groups x 8 samples per step, Adam at a constant 1e-3, Dr.GRPO (loss_normalizer = about the
+    sampled tokens of one step). The length term is difficulty-aware (rl.lookup_length_weights:
+    easy 1, hard 0) with the weights of `lookup_env_config`."""
+    from composer_jax.rl.lookup_program import lookup_env_config, lookup_model_config
+    rl = RLConfig(tasks=RLTasks.LOOKUP, group_size=8, batch_groups=4, max_staleness=max_staleness,
+                  steps=40, num_rollout_workers=32, checkpoint_every=10, eval_every=10,
+                  num_train_tasks=256, num_eval_tasks=64, max_new_tokens=40, seq_len=192,
+                  max_turns=4, loss_normalizer=1024.0, full_snapshot_every=10,
+                  lookup_levels=("easy", "hard"), lookup_sft_steps=200)
+    train = TrainConfig(steps=rl.steps, lr=1e-3, warmup_steps=0, schedule=Schedule.CONSTANT,
+                        weight_decay=0.0, grad_clip=1.0, log_every=1)
+    return dataclasses.replace(Config(), model=lookup_model_config(), rl=rl, train=train,
+                               env=lookup_env_config())
 
 
 def _config(max_staleness: int) -> Config:
@@ -90,23 +112,30 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def with_coding_defaults(cfg: Config) -> Config:
-    """`rl_async --set rl.tasks=coding` (or rl_sync): the coding settings (`_coding_config`), with
-    every field the user set (anything that differs from the parity experiment's defaults) kept.
-    A config already built from the coding defaults is returned as is."""
+def with_task_defaults(cfg: Config, make_defaults) -> Config:
+    """`rl_async --set rl.tasks=coding|parity` (or rl_sync): that family's settings
+    (`make_defaults(max_staleness)`, e.g. `_coding_config`), with every field the user set (anything
+    that differs from the default lookup experiment's config) kept. A config not built from the
+    lookup defaults (another model) is returned as is."""
     from composer_jax.config import from_dict
-    parity = _config(cfg.rl.max_staleness)
-    if cfg.model != parity.model:
+    base = _lookup_config(cfg.rl.max_staleness)
+    if cfg.model != base.model:
         return cfg
-    user = {k: v for k, v in _flat(to_dict(cfg)).items() if _flat(to_dict(parity)).get(k) != v}
-    coding = to_dict(_coding_config(cfg.rl.max_staleness))
+    flat_base = _flat(to_dict(base))
+    user = {k: v for k, v in _flat(to_dict(cfg)).items() if flat_base.get(k) != v}
+    out = to_dict(make_defaults(cfg.rl.max_staleness))
     for key, value in user.items():
-        node = coding
+        node = out
         *parents, leaf = key.split(".")
         for part in parents:
             node = node[part]
         node[leaf] = value
-    return from_dict(Config, coding)
+    return from_dict(Config, out)
+
+
+def with_coding_defaults(cfg: Config) -> Config:
+    """`with_task_defaults` with the coding settings (`_coding_config`)."""
+    return with_task_defaults(cfg, _coding_config)
 
 
 def _cache(cfg: Config) -> pathlib.Path:
@@ -169,6 +198,8 @@ def program_spec(cfg: Config):
     """The RL program of `rl.tasks` as a ProgramSpec every process can rebuild (coding: after
     `prepare_coding`, which resolves the pool, the initial policy and the tokenizer)."""
     from composer_jax.rl.program import ProgramSpec
+    if cfg.rl.tasks == RLTasks.LOOKUP:
+        return ProgramSpec("composer_jax.rl.lookup_program:make", {"config": to_dict(cfg)})
     if cfg.rl.tasks == RLTasks.PARITY:
         return ProgramSpec("composer_jax.rl.parity_program:make", {"config": to_dict(cfg)})
     if cfg.rl.tasks == RLTasks.CODING:
@@ -229,6 +260,10 @@ def run(cfg: Config, workdir: pathlib.Path) -> dict:
     from absl import logging
     logging.set_verbosity(logging.WARNING)      # Orbax logs every save at INFO
     eval_fn = None
+    if cfg.rl.tasks == RLTasks.PARITY:
+        from composer_jax.api import save_config
+        cfg = with_task_defaults(cfg, _config)
+        save_config(cfg, workdir / "config.json")     # the parity settings actually run
     if cfg.rl.tasks == RLTasks.CODING:
         from composer_jax.api import save_config
         cfg = prepare_coding(cfg)
@@ -248,11 +283,14 @@ def run(cfg: Config, workdir: pathlib.Path) -> dict:
     return summary
 
 
-registry.register("rl_async", "asynchronous RL (streamed rollouts, in-flight weight updates, "
-                  "staleness <= rl.max_staleness=2, fault-tolerant; local or Ray backend)",
-                  lambda: _config(2), run)
+registry.register("rl_async", "asynchronous RL on the multi-turn tool-using lookup family "
+                  "(streamed rollouts, in-flight weight updates, staleness <= rl.max_staleness=2 "
+                  "at consumption, fault-tolerant; local or Ray backend)",
+                  lambda: _lookup_config(2), run)
 registry.register("rl_sync", "the rl_async job with rl.max_staleness=0 (synchronous RL baseline)",
-                  lambda: _config(0), run)
+                  lambda: _lookup_config(0), run)
+registry.register("rl_async_parity", "rl_async on the single-turn parity family (= rl_async "
+                  "--set rl.tasks=parity with the parity settings)", lambda: _config(2), run)
 registry.register("rl_async_coding", "rl_async on sandboxed coding tasks (= rl_async --set "
                   "rl.tasks=coding): SFT-initialised policy, real tools, eval-suite evaluator",
                   lambda: _coding_config(2), run)

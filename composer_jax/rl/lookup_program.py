@@ -63,6 +63,19 @@ def reward_env(cfg):
     return cfg.env
 
 
+def lookup_env_config():
+    """The `env` section of lookup runs: the effort x is the real generated tokens (content, tool
+    calls, final message; tool outputs, calls and turns weigh 0), with C(x) concave (q = 0.5,
+    k = 0.05) and a weight that matters at this scale: 0.01 * C(x) is 0.29 for a minimal easy
+    episode (40 tokens) and grows by ~0.03 per 5 extra tokens there."""
+    from composer_jax.env.config import EnvConfig
+    return dataclasses.replace(
+        EnvConfig(), reward_length_coef=0.01, reward_length_k=0.05, reward_length_q=0.5,
+        reward_length_token_weight=1.0, reward_length_tool_call_token_weight=1.0,
+        reward_length_final_weight=1.0, reward_length_tool_output_weight=0.0,
+        reward_length_call_weight=0.0, reward_length_turn_weight=0.0)
+
+
 # ------------------------------------------------------------------------------- the episode
 
 
@@ -228,7 +241,8 @@ def initial_weights(cfg, train_tasks) -> tuple[dict, dict]:
     rl = cfg.rl
     key = hashlib.sha256(json.dumps([to_dict(cfg.model), to_dict(cfg.execution), cfg.seed,
                                      rl.lookup_sft_steps, rl.seq_len, list(rl.lookup_levels),
-                                     rl.num_train_tasks, cfg.train.init_std, "v1"],
+                                     rl.num_train_tasks, cfg.train.init_std, lt.SYSTEM,
+                                     lt.PREAMBLES, "v1"],
                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
     with _SFT_LOCK:
         if key in _SFT_MEM:

@@ -3,7 +3,7 @@
 A known-optimum, multi-turn, tool-using family that a tiny policy learns on a CPU (the default task
 family of `rl_async`). Each task holds a few in-memory notes; the user names one:
 
-    system: "Read the note the user names with read_file. A note holds a code or points to
+    system: "Read the note the user names with read_file. Each note holds a code or points to
              another note. Then call finish with the code and success."
     user:   "Note CG."
     easy  (level 0): note CG = "code 7"                         -> read_file(CG), finish("7")
@@ -41,7 +41,7 @@ from composer_jax.env.tools.result import ToolResult, error
 from composer_jax.env.tools.schema import validate_arguments
 
 LETTERS = "ABCDEFGHIJ"
-SYSTEM = ("Read the note the user names with read_file. A note holds a code or points to another "
+SYSTEM = ("Read the note the user names with read_file. Each note holds a code or points to another "
           "note. Then call finish with the code and success.")
 LEVELS = ("easy", "hard")
 TOOL_NAMES = ("read_file", "finish")
