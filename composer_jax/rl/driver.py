@@ -206,7 +206,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     inference = _make_inference(settings, spec, store)
     wake_inference = getattr(inference, "wake", lambda: None)
     evaluator = EvaluatorService(eval_tasks if ckpt_eval is None else [], settings.eval_every,
-                                 metrics)
+                                 metrics, name=getattr(program, "heldout_name", "heldout_parity"))
     on_step(version, trainer.state)        # the starting policy (version 0 or the restored one)
     pool = _make_pool(settings, spec, inference)
     bar = _progress(settings, version)

@@ -291,6 +291,8 @@ def _unflatten(flat: dict, prefix: str) -> dict:
 
 
 class LookupProgram:
+    heldout_name = "heldout_lookup"        # the evaluator's metric prefix
+
     def __init__(self, config: dict):
         from composer_jax.rl.parity_program import _config
         self.cfg_dict = config

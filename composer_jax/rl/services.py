@@ -99,11 +99,34 @@ def behaviour_metrics(rollouts: list[Rollout]) -> dict:
                                                    for r in eps]))}
     if calls.sum() > 0:
         out["valid_call_rate"] = float((calls - invalid).clip(min=0).sum() / calls.sum())
+    out.update(level_metrics(eps))
     for term in BEHAVIOUR_TERMS:
         vals = [r.reward[term] for r in eps if term in r.reward]
         if vals:
             out[f"reward_{term}_mean"] = float(np.mean(vals))
     return out
+
+
+def level_metrics(rollouts: list[Rollout], prefix: str = "") -> dict:
+    """Per difficulty level (episodes whose info has `level`, e.g. the lookup family's easy/hard):
+    `<prefix><level>_generated_tokens_mean`, `_resolved_rate` and `_count`."""
+    levels: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        if r.error is None and "level" in r.info:
+            levels.setdefault(str(r.info["level"]), []).append(r)
+    out = {}
+    for level, rs in sorted(levels.items()):
+        out[f"{prefix}{level}_generated_tokens_mean"] = float(np.mean(
+            [r.info.get("generated_tokens", 0) for r in rs]))
+        out[f"{prefix}{level}_resolved_rate"] = float(np.mean([resolved_of(r) for r in rs]))
+        out[f"{prefix}{level}_count"] = float(len(rs))
+    return out
+
+
+def standard_error(values) -> float:
+    """The standard error of the mean of `values` (sample std / sqrt(n); 0 for n < 2)."""
+    v = np.asarray(list(values), np.float64)
+    return float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
 
 
 def sync_stats(info, params) -> dict:
@@ -413,12 +436,17 @@ class EvaluatorService:
         got[job.group_id] = rollout
         if len(got) == len(self.tasks):
             rs = list(got.values())
-            rate = float(np.mean([resolved_of(r) for r in rs]))
+            res = [resolved_of(r) for r in rs]
+            rate = float(np.mean(res))
+            rewards = [r.total_reward for r in rs]
             row = {f"{self.name}_resolved_rate": rate,
-                   f"{self.name}_reward_mean": float(np.mean([r.total_reward for r in rs])),
+                   f"{self.name}_resolved_se": standard_error(res),
+                   f"{self.name}_reward_mean": float(np.mean(rewards)),
+                   f"{self.name}_reward_se": standard_error(rewards),
                    f"{self.name}_error_rate": float(np.mean([r.error is not None for r in rs])),
                    f"{self.name}_num_tasks": float(len(rs)),
-                   "eval_resolved_rate": rate, "eval_source": self.SOURCE}
+                   "eval_resolved_rate": rate, "eval_resolved_se": standard_error(res),
+                   "eval_source": self.SOURCE, **level_metrics(rs, "eval_")}
             self.results[job.eval_version] = row
             del self._pending[job.eval_version]
             self._log_metrics(job.eval_version, row)
