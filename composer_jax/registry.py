@@ -21,17 +21,20 @@ class Experiment:
     description: str
     make_config: Callable[[], object]
     run: Callable[[object, pathlib.Path], None]
+    check: Callable[[object], None] | None = None   # raises ConfigError on a config it cannot run
 
 
 _REGISTRY: dict[str, Experiment] = {}
 
 
 def register(name: str, description: str, make_config: Callable[[], object],
-             run: Callable[[object, pathlib.Path], None]) -> Experiment:
-    """Registers an experiment; a second registration under the same name is an error."""
+             run: Callable[[object, pathlib.Path], None],
+             check: Callable[[object], None] | None = None) -> Experiment:
+    """Registers an experiment; a second registration under the same name is an error. `check`
+    (optional) validates a resolved config for this experiment when it is parsed."""
     if name in _REGISTRY:
         raise ValueError(f"experiment {name!r} is registered twice")
-    exp = Experiment(name, description, make_config, run)
+    exp = Experiment(name, description, make_config, run, check)
     _REGISTRY[name] = exp
     return exp
 

@@ -47,7 +47,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> dict:
                     **{f"eval_resolved_{k}": v["resolved"] for k, v in s.items() if k != "all"},
                     "eval_price": s["all"]["price"], "num_tasks": s["all"]["num_tasks"]})
     print(json.dumps({"suite_id": result["suite_id"], "policy": result["policy"]["name"],
-                      "num_tasks": suite.manifest["num_tasks"],
+                      "num_tasks": s["all"]["num_tasks"], "suite_tasks": suite.manifest["num_tasks"],
                       "median_lines_changed": suite.manifest["median_lines_changed"],
                       **{f"resolved_{k}": round(v["resolved"], 4) for k, v in s.items()},
                       "reports": {k: str(v) for k, v in paths.items()}}))

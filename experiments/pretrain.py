@@ -119,6 +119,8 @@ def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
     from composer_jax.train.loop import train
 
     result = train(cfg, workdir, kind="cpt")
+    if result.already_finished:
+        return
     shown = {k: round(v, 4) for k, v in result.metrics.items()}
     print(f"final metrics: {shown}")
     if result.interrupted:
@@ -153,6 +155,8 @@ def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:
     if data.sft_source == SftSource.ENV_ORACLE:
         _build_env_samples(cfg)
     result = train(cfg, workdir, kind="sft")
+    if result.already_finished:
+        return
     print({k: round(v, 4) for k, v in result.metrics.items()})
 
 

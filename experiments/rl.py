@@ -11,8 +11,10 @@ it, finish with its code; held-out prompts use keys never trained on) with the `
 after a short SFT on training demonstrations. `--set rl.tasks=parity` is the single-turn parity
 family, `--set rl.tasks=coding` the sandboxed coding tasks. `--set rl.backend=ray` runs the same
 services as Ray actors (`--set rl.ray_address=HOST:PORT` joins a cluster). Outputs in WORKDIR:
-config.json, metrics.jsonl, tb/, rollouts/ (the rollout log), checkpoints/, plots/, rl_summary.json.
-Rerunning the same command resumes from the newest checkpoint.
+config.json, metrics.jsonl, tb/, rollouts/ (the rollout log), checkpoints/, plots/, rl_summary.json,
+tokenizer.json and prompts.json (so `eval` / `generate` read the run like any other). Rerunning the
+same command resumes from the newest checkpoint; a finished run says so and changes nothing.
+SIGTERM / SIGINT finish the current step, checkpoint, write plots and the summary, and exit 0.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def _config(max_staleness: int) -> Config:
     # with loss_normalizer 64 (about one step's tokens), 4 tasks x 8 samples per step, 6 new
     # tokens per reply. Default: the unconditional parity variant (reply with even characters),
     # which a fresh tiny policy learns in ~60 versions; `--set rl.parity_kinds=even,odd --set
-    # rl.steps=300 --set train.steps=300` is the conditional one (slower and less reliable: README)
+    # rl.steps=300` is the conditional one (slower and less reliable: README)
     rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=150,
                   num_rollout_workers=32, checkpoint_every=25, eval_every=50,
                   num_train_tasks=64, num_eval_tasks=16, max_new_tokens=6, seq_len=64,
@@ -251,46 +253,83 @@ def make_store(cfg: Config):
     return WeightStore(MemoryTransport(), settings, reader_name="inference")
 
 
-def run(cfg: Config, workdir: pathlib.Path) -> dict:
-    from composer_jax.rl.driver import run_rl, settings_from_config
-    from composer_jax.rl.plots import write_plots
-    if cfg.train.steps < cfg.rl.steps and cfg.train.schedule != Schedule.CONSTANT:
-        raise ConfigError(f"train.steps={cfg.train.steps} < rl.steps={cfg.rl.steps}: the learning "
-                          f"rate schedule would end before the run; raise train.steps")
-    from absl import logging
-    logging.set_verbosity(logging.WARNING)      # Orbax logs every save at INFO
-    eval_fn = None
+def write_run_files(cfg: Config, workdir: pathlib.Path) -> None:
+    """WORKDIR/tokenizer.json (the policy's tokenizer) and, for parity, WORKDIR/prompts.json (a
+    few held-out task chats), so `generate` and `eval` can sample the run's checkpoints as text."""
     if cfg.rl.tasks == RLTasks.PARITY:
-        from composer_jax.api import save_config
-        cfg = with_task_defaults(cfg, _config)
-        save_config(cfg, workdir / "config.json")     # the parity settings actually run
-    if cfg.rl.tasks == RLTasks.CODING:
-        from composer_jax.api import save_config
-        cfg = prepare_coding(cfg)
-        save_config(cfg, workdir / "config.json")     # the resolved pool, policy and model
-        eval_fn = coding_eval_fn(cfg) if cfg.rl.eval_every > 0 else None
-    try:
-        summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg), make_store(cfg),
-                         eval_fn=eval_fn)
-    finally:
-        if cfg.rl.backend.value == "ray" and not cfg.rl.ray_address:
-            import ray
-            ray.shutdown()                      # the local cluster this run started
-    write_plots(workdir, summary)
-    print(json.dumps({k: summary[k] for k in ("version", "rollouts_finished", "rollouts_trained",
-                                              "error_rollouts", "worker_restarts", "elapsed_s",
-                                              "rollouts_per_sec", "trainer_idle_frac", "eval")}))
+        from composer_jax.rl import toy_tasks as tt
+        tt.toy_tokenizer(cfg.model.vocab_size).save(workdir / "tokenizer.json")
+        tasks = tt.make_tasks(cfg.rl.num_eval_tasks, cfg.seed, "eval", tuple(cfg.rl.parity_kinds))
+        (workdir / "prompts.json").write_text(json.dumps([t.messages() for t in tasks[:4]]))
+    elif cfg.rl.tasks == RLTasks.LOOKUP:
+        from composer_jax.rl import lookup_tasks as lt
+        from composer_jax.rl.lookup_program import lookup_tokenizer
+        lookup_tokenizer(cfg.model.vocab_size).save(workdir / "tokenizer.json")
+        tasks = lt.make_tasks(cfg.rl.num_eval_tasks, cfg.seed, "eval", tuple(cfg.rl.lookup_levels))
+        (workdir / "prompts.json").write_text(json.dumps([t.messages() for t in tasks[:4]]))
+    elif cfg.rl.init_from:
+        src = pathlib.Path(cfg.rl.init_from) / "tokenizer.json"
+        if src.is_file():
+            (workdir / "tokenizer.json").write_bytes(src.read_bytes())
+
+
+def run(cfg: Config, workdir: pathlib.Path) -> dict:
+    from composer_jax.rl.driver import finished_version, run_rl, settings_from_config
+    from composer_jax.rl.plots import write_plots
+    from composer_jax.rl.run_report import end_summary
+    from composer_jax.runlog import read_metrics
+    from composer_jax.stopping import stop_signals
+    done_at = finished_version(workdir, cfg.rl.steps)
+    if done_at is not None:
+        print(f"already finished at version {done_at} (rl.steps={cfg.rl.steps}): nothing to do; "
+              f"summary {workdir / 'rl_summary.json'}, plots {workdir / 'plots'}. Raise rl.steps "
+              f"to train on, or use another --workdir")
+        return {"version": done_at, "already_finished": True}
+    eval_fn = None
+    with stop_signals() as stop:
+        if cfg.rl.tasks == RLTasks.PARITY:
+            from composer_jax.api import save_config
+            cfg = with_task_defaults(cfg, _config)
+            save_config(cfg, workdir / "config.json")     # the parity settings actually run
+        if cfg.rl.tasks == RLTasks.CODING:
+            from composer_jax.api import save_config
+            cfg = prepare_coding(cfg)
+            save_config(cfg, workdir / "config.json")     # the resolved pool, policy and model
+            eval_fn = coding_eval_fn(cfg) if cfg.rl.eval_every > 0 else None
+        write_run_files(cfg, workdir)
+        try:
+            summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg),
+                             make_store(cfg), stop_event=stop, eval_fn=eval_fn)
+        finally:
+            if cfg.rl.backend.value == "ray" and not cfg.rl.ray_address:
+                import ray
+                ray.shutdown()                      # the local cluster this run started
+        write_plots(workdir, summary)
+    name = "rl_sync" if cfg.rl.max_staleness == 0 else "rl_async"
+    print(end_summary(name, summary, workdir, read_metrics(workdir)))
     return summary
+
+
+def check_steps(default):
+    """An RL run trains `rl.steps` versions (its learning-rate schedule spans them too:
+    `rl.step.build_rl_step`); `train.steps` is not used, so setting it is an error that says so."""
+    def check(cfg: Config) -> None:
+        if cfg.train.steps != default().train.steps:
+            raise ConfigError(f"train.steps={cfg.train.steps}: RL runs train rl.steps versions "
+                              f"(now {cfg.rl.steps}) and do not read train.steps; set rl.steps "
+                              f"instead")
+    return check
 
 
 registry.register("rl_async", "asynchronous RL on the multi-turn tool-using lookup family "
                   "(streamed rollouts, in-flight weight updates, staleness <= rl.max_staleness=2 "
                   "at consumption, fault-tolerant; local or Ray backend)",
-                  lambda: _lookup_config(2), run)
+                  lambda: _lookup_config(2), run, check_steps(lambda: _lookup_config(2)))
 registry.register("rl_sync", "the rl_async job with rl.max_staleness=0 (synchronous RL baseline)",
-                  lambda: _lookup_config(0), run)
+                  lambda: _lookup_config(0), run, check_steps(lambda: _lookup_config(0)))
 registry.register("rl_async_parity", "rl_async on the single-turn parity family (= rl_async "
-                  "--set rl.tasks=parity with the parity settings)", lambda: _config(2), run)
+                  "--set rl.tasks=parity with the parity settings)", lambda: _config(2), run,
+                  check_steps(lambda: _config(2)))
 registry.register("rl_async_coding", "rl_async on sandboxed coding tasks (= rl_async --set "
                   "rl.tasks=coding): SFT-initialised policy, real tools, eval-suite evaluator",
-                  lambda: _coding_config(2), run)
+                  lambda: _coding_config(2), run, check_steps(lambda: _coding_config(2)))

@@ -18,7 +18,8 @@ class EvalConfig:
     under the cache (`<cache>/eval_suite/<name>-<size>-<pool key>-<builder hash>`,
     `<cache>/eval_pool/<pool key>`; the pool key hashes the task generators' code). price_*:
     dollars per million prompt / cached-prompt / generated tokens. compare: eval.json files for
-    `eval_compare`."""
+    `eval_compare`. show_token_ids: `generate` also prints each completion's token ids (it
+    prints decoded text)."""
     num_tasks: int = 50
     max_turns: int = 80
     max_new_tokens: int = 512
@@ -38,6 +39,7 @@ class EvalConfig:
     price_cached_per_mtok: float = 0.05
     price_generated_per_mtok: float = 2.5
     compare: tuple[str, ...] = ()
+    show_token_ids: bool = False
 
     def __post_init__(self):
         _check(self.num_tasks >= 1 and self.max_turns >= 1 and self.max_new_tokens >= 1,

@@ -81,7 +81,10 @@ class RLConfig:
 
     def __post_init__(self):
         _coerce_enums(self, "rl")
-        _check(self.group_size >= 1, "rl.group_size must be >= 1")
+        _check(self.group_size >= 2,
+               f"rl.group_size={self.group_size}: advantages are group-relative (reward minus the "
+               f"mean of the task's group), so a group of one has advantage 0 and no gradient; "
+               f"use rl.group_size >= 2")
         _check(self.is_truncation >= 1, "rl.is_truncation must be >= 1")
         _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
         _check(self.loss_normalizer > 0, "rl.loss_normalizer must be > 0")
@@ -99,6 +102,9 @@ class RLConfig:
         for f in ("num_rollout_workers", "batch_groups", "steps", "checkpoint_every",
                   "num_train_tasks", "num_eval_tasks", "max_new_tokens", "seq_len"):
             _check(getattr(self, f) >= 1, f"rl.{f} must be >= 1, got {getattr(self, f)}")
+        _check(self.max_new_tokens < self.seq_len,
+               f"rl.max_new_tokens={self.max_new_tokens} must be < rl.seq_len={self.seq_len}: a "
+               f"trainer row holds the prompt and the reply")
         _check(self.eval_every >= 0, f"rl.eval_every must be >= 0 (0 = off), got {self.eval_every}")
         _check(self.temperature >= 0, f"rl.temperature must be >= 0, got {self.temperature}")
         _check(self.env_latency_scale >= 0,

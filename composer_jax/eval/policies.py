@@ -4,9 +4,10 @@
   oracle      the environment's scripted oracle (replays the reference fix through the tools)
   null        finishes at once
   heuristic   the scripted mutation-repair baseline (`composer_jax.eval.heuristic`)
-  PATH        a training run's workdir (config.json + tokenizer.json + checkpoints/, the newest
-              checkpoint) or a Hugging Face checkpoint directory (config.json + safetensors, with a
-              tokenizer.json beside them)
+  PATH        a run's workdir (pretraining, SFT or RL: config.json + tokenizer.json +
+              checkpoints/, the newest checkpoint; PATH@STEP for one checkpoint, an RL run's
+              policy version) or a Hugging Face checkpoint directory (config.json + safetensors,
+              with a tokenizer.json beside them)
 
 A `Policy` runs one episode per call (`episode(task, task_dir, env_cfg, seed) -> EpisodeFacts`).
 Reference agents run in the environment's text loop, one agent per episode (`agent(task,
@@ -191,16 +192,18 @@ def load_model(path: pathlib.Path, cfg=None):
     from composer_jax.errors import ComposerError
     from composer_jax.train.weights import load_weights
 
-    path = pathlib.Path(path)
+    from composer_jax.train.run_checkpoint import parse_run_source
+    source = str(path)
+    path, _ = parse_run_source(source)
     try:
-        weights = load_weights(str(path), cfg or Config())
+        weights = load_weights(source, cfg or Config())
     except ComposerError as e:
-        raise PolicyError(f"eval.policy={str(path)!r}: {e}") from None
+        raise PolicyError(f"eval.policy={source!r}: {e}") from None
     tok = weights.tokenizer_path or path / "tokenizer.json"
     if not pathlib.Path(tok).is_file():
         raise PolicyError(f"{path} has no tokenizer.json; copy the tokenizer.json the model was "
                           f"trained with into it")
-    info = {"path": str(path), "source": weights.kind, "model": weights.model_cfg.name}
+    info = {"path": source, "source": weights.kind, "model": weights.model_cfg.name}
     if weights.step is not None:
         info["step"] = int(weights.step)
     return weights.model(), load_tokenizer(tok), info
@@ -211,12 +214,15 @@ def make_policy(spec: str, cfg=None, *, max_new_tokens: int = 512, temperature: 
     """The policy `eval.policy` names (see the module docstring)."""
     if spec in REFERENCE_POLICIES:
         return ReferencePolicy(spec)
-    path = pathlib.Path(spec).expanduser()
+    from composer_jax.train.run_checkpoint import parse_run_source
+    path, step = parse_run_source(spec)
     if not path.exists():
         raise PolicyError(f"eval.policy={spec!r}: not one of {REFERENCE_POLICIES} and no such "
-                          f"directory (give a training run's workdir or a Hugging Face directory)")
-    model, tokenizer, info = load_model(path, cfg)
-    return ModelPolicy(path.name, model, tokenizer, max_new_tokens=max_new_tokens,
+                          f"directory (give a run's workdir, WORKDIR@STEP, or a Hugging Face "
+                          f"directory)")
+    model, tokenizer, info = load_model(spec, cfg)
+    name = path.name + (f"@{step}" if step is not None else "")
+    return ModelPolicy(name, model, tokenizer, max_new_tokens=max_new_tokens,
                        temperature=temperature, max_context=max_context, concurrency=concurrency,
                        seed=seed, describe=info, engine_cfg=cfg.inference if cfg else None,
                        summary_trigger_tokens=cfg.rl.summary_trigger_tokens if cfg else 0)

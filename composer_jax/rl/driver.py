@@ -11,7 +11,13 @@ weight versions in flight.
 
 Resume: the newest RL checkpoint gives the trainer state and the consumed groups; every admitted
 group that is not consumed is re-opened, its finished rollouts are re-admitted from the log and its
-missing samples run again (same rollout ids); the consumed log is truncated to the checkpoint.
+missing samples run again (same rollout ids); the consumed log is truncated to the checkpoint,
+and metrics.jsonl / tb/ lose the rows past it (`runlog.MetricsWriter(resume_from=...)`). Each
+checkpoint carries the run's running totals, so `rl_summary.json` covers the whole run. A run
+whose newest checkpoint is at `steps` is finished: it says so and changes nothing.
+
+Stop: when `stop_event` is set (experiments/rl.py sets it on SIGTERM / SIGINT) the trainer
+finishes its current step, the current version is checkpointed and the summary written.
 
 Run directory: rollouts/ (the log), checkpoints/, metrics.jsonl, tb/, workers.json (live rollout
 worker pids), plots/ (written at the end by `rl/plots.py`).
@@ -91,18 +97,24 @@ def job_seed(seed: int, index: int, sample: int) -> int:
 
 
 class _Metrics:
-    """A thread-safe front for runlog.MetricsWriter (trainer and evaluator both write)."""
+    """A thread-safe front for runlog.MetricsWriter (trainer and evaluator both write); `train` is
+    the newest trainer row (the one with `reward_mean`) and `train_step` its version."""
 
-    def __init__(self, workdir: pathlib.Path):
-        from composer_jax.runlog import MetricsWriter
-        self.writer = MetricsWriter(workdir)
+    def __init__(self, workdir: pathlib.Path, resume_from: int):
+        from composer_jax.runlog import MetricsWriter, read_metrics
+        self.writer = MetricsWriter(workdir, resume_from=resume_from)
         self.lock = threading.Lock()
         self.last: dict = {}
+        kept = [r for r in read_metrics(workdir) if "reward_mean" in r]
+        self.train: dict = kept[-1] if kept else {}
+        self.train_step: int = int(self.train.get("step", 0))
 
     def __call__(self, step: int, row: dict) -> None:
         with self.lock:
             self.writer.write(step, row)
             self.last.update(row)
+            if "reward_mean" in row:
+                self.train, self.train_step = dict(row), max(self.train_step, int(step))
 
     def close(self):
         self.writer.close()
@@ -117,9 +129,25 @@ def _make_pool(settings: DriverSettings, spec: ProgramSpec, inference):
     return cls(spec, inference, settings.num_workers)
 
 
+def finished_version(workdir, steps: int) -> int | None:
+    """The newest checkpoint's version when it is >= `steps` (the run is finished), else None."""
+    from composer_jax.train.run_checkpoint import checkpoint_steps
+    have = checkpoint_steps(workdir)
+    return have[-1] if have and have[-1] >= steps else None
+
+
+def _warn(bar, message: str) -> None:
+    """A warning on its own line, above the progress bar (never glued onto it)."""
+    if bar is not None:
+        bar.write(message, file=sys.stderr)
+    else:
+        print(message, file=sys.stderr)
+
+
 def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
            stop_event: threading.Event | None = None, eval_fn=None) -> dict:
     """Runs (or resumes) an RL run until the trainer reaches `settings.steps` (module docstring).
+    A finished run returns its rl_summary.json with `already_finished` set, writing nothing.
     `store` is the weight store (publish/fetch/latest) shared by trainer and inference.
     `eval_fn(model, version) -> dict`: when given (and rl.eval_every > 0), the checkpoint evaluator
     scores every eval_every-th version and the last with it (e.g. the eval suite's runner);
@@ -128,6 +156,11 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
 
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    done_at = finished_version(workdir, settings.steps)
+    if done_at is not None:
+        path = workdir / "rl_summary.json"
+        summary = json.loads(path.read_text()) if path.exists() else {"version": done_at}
+        return {**summary, "already_finished": True, "version": done_at}
     program = build_program(spec)
     train_tasks, eval_tasks = list(program.train_tasks()), list(program.eval_tasks())
     if not train_tasks:
@@ -135,18 +168,22 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     log = RolloutLog(workdir / "rollouts")
     stream = RolloutStream(log, settings.group_size)
     admission = AdmissionControl(settings.batch_groups, settings.max_staleness)
-    ckpt = RLCheckpointer(workdir / "checkpoints")
-    metrics = _Metrics(workdir)
+    cfg_dict = spec.kwargs.get("config") or {}
+    ckpt = RLCheckpointer(workdir / "checkpoints", meta=(
+        {"model": cfg_dict["model"], "seed": cfg_dict.get("seed", settings.seed)}
+        if "model" in cfg_dict else None))
     learner = program.make_learner()
 
     # ---- resume
     restored = ckpt.restore_latest(learner.state_template()) if ckpt.manager.all_steps() else None
     if restored is None:
-        state, version, consumed, dropped = learner.init_state(), 0, set(), 0
+        state, version, consumed, prior, dropped = learner.init_state(), 0, set(), {}, 0
     else:
         state, meta = restored
         version, consumed = int(meta["version"]), set(meta["consumed_groups"])
+        prior = meta.get("totals", {})
         dropped = int(meta.get("dropped_groups", 0))
+    metrics = _Metrics(workdir, resume_from=version)
     log.truncate_consumed(version)
     admitted = log.admitted()
     logged = log.scan()
@@ -182,8 +219,21 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     def rollouts_per_sec() -> float:
         return (stream.num_put - put_at_start) / max(time.monotonic() - t_start, 1e-9)
 
+    def totals() -> dict:
+        """The whole run's totals so far: the restored checkpoint's plus this segment's."""
+        p = trainer.progress
+        hist = collections.Counter({int(k): v for k, v in prior.get("staleness_hist", {}).items()})
+        hist.update(trainer.staleness_hist)
+        return {"elapsed_s": prior.get("elapsed_s", 0.0) + time.monotonic() - t_start,
+                "rollouts_trained": prior.get("rollouts_trained", 0) + p.rollouts_trained,
+                "tokens_trained": prior.get("tokens_trained", 0) + p.tokens_trained,
+                "trainer_wait_s": prior.get("trainer_wait_s", 0.0) + p.wait_s,
+                "trainer_busy_s": prior.get("trainer_busy_s", 0.0) + p.busy_s,
+                "staleness_hist": {str(k): v for k, v in sorted(hist.items())}}
+
     def checkpoint(v, st, groups):
-        ckpt.save(v, st, groups, admission.started, trainer.progress.dropped_groups)
+        ckpt.save(v, st, groups, admission.started, totals(),
+                  dropped_groups=trainer.progress.dropped_groups)
 
     ckpt_eval = None
     if eval_fn is not None and settings.eval_every > 0:
@@ -213,12 +263,14 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     trainer.start()
     total_groups = settings.steps * settings.batch_groups
     pids_written: list[int] = []
+    stopped = False
     try:
         while True:
             p = trainer.progress
             if p.error is not None:
                 raise p.error
             if stop_event is not None and stop_event.is_set():
+                stopped = True
                 break
             v = p.version
             # admission counts the version new episodes will sample with: the trainer's, once the
@@ -247,25 +299,28 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
             # a short tick: the loop also notices a loaded version (admission) within 10 ms
             for job, rollout in pool.results(0.01):
                 if rollout is None:          # the worker died mid-episode: run it again
-                    print(f"warning: rollout worker died running {job.rollout_id}; replaced, "
-                          f"episode requeued", file=sys.stderr)
+                    _warn(bar, f"warning: rollout worker died running {job.rollout_id}; "
+                               f"replaced, episode requeued")
                     pending.appendleft(job)
                 elif job.kind == EVAL:
                     evaluator.record(job, rollout)
                 else:
                     if rollout.error is not None:
-                        print(f"warning: episode {rollout.rollout_id} on {rollout.task_id} "
-                              f"failed: {rollout.error}", file=sys.stderr)
+                        _warn(bar, f"warning: episode {rollout.rollout_id} on {rollout.task_id} "
+                                   f"failed: {rollout.error}")
                     stream.put(rollout)
             pids = pool.worker_pids()
             if pids != pids_written:
                 atomic_write_bytes(workdir / "workers.json", json.dumps(
                     {"pids": pids, "restarts": pool.restarts}).encode())
                 pids_written = pids
-            _update(bar, p, stream, metrics.last)
+            _update(bar, stream, metrics)
     finally:
         trainer.stop()
-        trainer.join(timeout=600)
+        trainer.join(timeout=600)       # a step in progress finishes (and logs its row)
+        p = trainer.progress
+        if stopped and p.error is None and p.version not in ckpt.manager.all_steps():
+            checkpoint(p.version, trainer.state, p.consumed_groups)
         pool.close()
         inference_stats = inference.stats()
         inference.stop()
@@ -275,21 +330,30 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
             bar.close()
     p = trainer.progress
     elapsed = time.monotonic() - t_start
+    tot = totals()
+    finished = len(log.scan())           # every rollout the run finished (the log, all segments)
+    evals = _eval_rows(workdir)
+    evals.update({str(k): v for k, v in {**evaluator.results, **(
+        ckpt_eval.results if ckpt_eval is not None else {})}.items()})
     summary = {
-        "version": p.version, "rollouts_finished": stream.num_put - put_at_start,
-        "rollouts_trained": p.rollouts_trained, "tokens_trained": p.tokens_trained,
+        "version": p.version, "steps": settings.steps, "finished": p.version >= settings.steps,
+        "stopped_by": (getattr(stop_event, "signal_name", "") or "stop request") if stopped else "",
+        "rollouts_finished": finished,
+        "rollouts_trained": tot["rollouts_trained"], "tokens_trained": tot["tokens_trained"],
         "error_rollouts": stream.num_errors, "worker_restarts": pool.restarts,
-        "elapsed_s": elapsed, "rollouts_per_sec": (stream.num_put - put_at_start) / elapsed,
-        "trained_tokens_per_sec": p.tokens_trained / elapsed,
-        "trainer_idle_frac": p.wait_s / max(p.wait_s + p.busy_s, 1e-9),
-        "staleness_hist": dict(collections.Counter(trainer.staleness_hist)),
+        "elapsed_s": tot["elapsed_s"], "rollouts_per_sec": finished / max(tot["elapsed_s"], 1e-9),
+        "trained_tokens_per_sec": tot["tokens_trained"] / max(tot["elapsed_s"], 1e-9),
+        "trainer_idle_frac": tot["trainer_wait_s"] / max(tot["trainer_wait_s"]
+                                                         + tot["trainer_busy_s"], 1e-9),
+        "staleness_hist": tot["staleness_hist"],
+        "eval": dict(sorted(evals.items(), key=lambda kv: int(kv[0]))),
         "stale_dropped_groups": p.dropped_groups,
-        "eval": {str(k): v for k, v in sorted({**evaluator.results, **(
-            ckpt_eval.results if ckpt_eval is not None else {})}.items())},
         "eval_source": ("eval suite (checkpoint evaluator)" if ckpt_eval is not None else
                         "held-out tasks of the program (parity: held-out parity tasks)"),
         "inference": inference_stats,
         "resumed_from": version, "readmitted": readmitted,
+        "segment": {"elapsed_s": elapsed, "rollouts_finished": stream.num_put - put_at_start,
+                    "rollouts_trained": p.rollouts_trained},
     }
     atomic_write_bytes(workdir / "rl_summary.json", json.dumps(summary, indent=1).encode())
     return summary
@@ -306,6 +370,17 @@ def _make_inference(settings: DriverSettings, spec: ProgramSpec, store):
     return inf
 
 
+def _eval_rows(workdir: pathlib.Path) -> dict:
+    """{version: held-out evaluation results} from metrics.jsonl (every segment of the run)."""
+    from composer_jax.runlog import read_metrics
+    out = {}
+    for r in read_metrics(workdir):
+        if "eval_resolved_rate" in r:
+            out[str(r["step"])] = {k: v for k, v in r.items()
+                                   if k.startswith(("eval_", "heldout_"))}
+    return out
+
+
 def _progress(settings: DriverSettings, version: int):
     if not settings.progress:
         return None
@@ -314,10 +389,16 @@ def _progress(settings: DriverSettings, version: int):
                 dynamic_ncols=True, file=sys.stderr)
 
 
-def _update(bar, p, stream: RolloutStream, last: dict) -> None:
+def _update(bar, stream: RolloutStream, metrics: _Metrics) -> None:
+    """Advances the bar to the newest logged trainer row, with that row's reward and staleness
+    (so every shown version has its numbers; nothing before the first row)."""
     if bar is None:
         return
-    if p.version > bar.n:
-        bar.update(p.version - bar.n)
-    bar.set_postfix(rollouts=stream.num_put, reward=f"{p.last_reward:.3f}",
-                    stale=f"{last.get('staleness_mean', 0):.1f}", refresh=False)
+    row = metrics.train
+    post = {"rollouts": stream.num_put}
+    if row:
+        post["reward"] = f"{row['reward_mean']:.3f}"
+        post["stale"] = f"{row.get('staleness_mean', 0.0):.1f}"
+    bar.set_postfix(post, refresh=False)
+    if metrics.train_step > bar.n:
+        bar.update(metrics.train_step - bar.n)

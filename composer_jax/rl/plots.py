@@ -1,8 +1,10 @@
 """PNG plots of an RL run, from WORKDIR/metrics.jsonl and the driver's summary:
 
-  plots/reward.png       reward_mean (training episodes) and eval_resolved_rate vs version
+  plots/reward.png       reward_mean (training episodes) per version; eval_resolved_rate as points
+                         at the evaluated versions
   plots/staleness.png    histogram of rollout staleness (trainer version - sampling version)
-  plots/throughput.png   rollouts/s and trained tokens/s vs version, trainer idle fraction
+  plots/throughput.png   rollouts/s, trained tokens/s and the trainer idle fraction per version,
+                         one panel each (their scales differ by orders of magnitude)
   plots/behaviour.png    tool-using episodes only (rl.tasks=coding): valid-call rate, tool calls,
                          invalid calls, turns per episode, the effort x and the resolved rates
 """
@@ -12,6 +14,9 @@ import pathlib
 
 
 def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
+    """Writes the plots of the module docstring; every axis titled, each measured point marked
+    (held-out evaluations are points at the versions evaluated, never joined as if measured in
+    between), quantities of different scales on their own axes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -22,61 +27,71 @@ def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
     out = workdir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     rows = read_metrics(workdir)
+    run = workdir.name
     paths = []
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("reward_mean", "train reward_mean"), ("resolved_rate", "train resolved"),
-                       ("eval_resolved_rate", "eval resolved (held-out; "
-                        + ("eval suite" if summary.get("eval_source", "").startswith("eval suite")
-                           else "held-out program tasks") + ")")):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label in (("reward_mean", "train reward (mean per version)"),
+                       ("resolved_rate", "train resolved rate")):
         x, y = metric_series(rows, key)
         if x:
-            ax.plot(x, y, marker="o" if key.startswith("eval") else None, label=label)
+            ax.plot(x, y, marker=".", markersize=3, linewidth=1, label=label)
+    x, y = metric_series(rows, "eval_resolved_rate")
+    if x:
+        src = ("eval suite" if summary.get("eval_source", "").startswith("eval suite")
+               else "held-out program tasks")
+        ax.scatter(x, y, marker="D", s=36, color="black", zorder=3,
+                   label=f"held-out resolved ({src}), evaluated versions")
     ax.set_xlabel("policy version")
     ax.set_ylabel("reward / rate")
-    ax.legend()
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"{run}: reward per version")
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     paths.append(_save(fig, out / "reward.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     hist = {int(k): v for k, v in summary.get("staleness_hist", {}).items()}
     if hist:
         ks = sorted(hist)
         ax.bar(ks, [hist[k] for k in ks])
     ax.set_xlabel("staleness (trainer version - sampling version)")
-    ax.set_ylabel("rollouts")
+    ax.set_ylabel("trained rollouts")
+    ax.set_title(f"{run}: staleness of trained rollouts")
     paths.append(_save(fig, out / "staleness.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key in ("rollouts_per_sec", "trained_tokens_per_sec"):
+    panels = [("rollouts_per_sec", "rollouts / s"), ("trained_tokens_per_sec", "trained tokens / s"),
+              ("trainer_idle_frac", "trainer idle fraction")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 7), sharex=True)
+    for ax, (key, label) in zip(axes, panels):
         x, y = metric_series(rows, key)
         if x:
-            ax.plot(x, y, label=key)
-    ax.set_xlabel("policy version")
-    ax.set_ylabel("per second")
-    ax.grid(alpha=0.3)
-    ax2 = ax.twinx()
-    x, y = metric_series(rows, "trainer_idle_frac")
-    if x:
-        ax2.plot(x, y, color="gray", linestyle="--", label="trainer_idle_frac")
-        ax2.set_ylim(0, 1)
-        ax2.set_ylabel("trainer idle fraction")
-    ax.legend(loc="upper left")
+            ax.plot(x, y, marker=".", markersize=3, linewidth=1)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[-1].set_ylim(0, 1)
+    axes[-1].set_xlabel("policy version")
+    axes[0].set_title(f"{run}: throughput per version")
     paths.append(_save(fig, out / "throughput.png"))
 
     if metric_series(rows, "tool_calls_mean")[0]:
         fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-        for key in ("valid_call_rate", "resolved_rate", "eval_resolved_rate"):
+        for key in ("valid_call_rate", "resolved_rate"):
             x, y = metric_series(rows, key)
             if x:
-                a.plot(x, y, marker="o" if key.startswith("eval") else ".", label=key)
+                a.plot(x, y, marker=".", label=key)
+        x, y = metric_series(rows, "eval_resolved_rate")
+        if x:
+            a.scatter(x, y, marker="D", color="black", zorder=3, label="eval_resolved_rate")
         a.set_ylim(-0.05, 1.05)
         a.set_ylabel("rate")
+        a.set_title(f"{run}: rates")
         for key in ("tool_calls_mean", "invalid_calls_mean", "turns_mean", "reward_effort_mean"):
             x, y = metric_series(rows, key)
             if x:
                 b.plot(x, y, marker=".", label=key)
         b.set_ylabel("per episode")
+        b.set_title(f"{run}: behaviour per episode")
         for ax in (a, b):
             ax.set_xlabel("policy version")
             ax.grid(alpha=0.3)

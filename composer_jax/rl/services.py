@@ -331,8 +331,6 @@ class TrainerService:
         p.tokens_trained += tokens
         p.wait_s += t1 - t0
         p.busy_s += t2 - t1
-        if new_version % self.checkpoint_every == 0 or new_version == self.total_steps:
-            self._checkpoint(new_version, state, p.consumed_groups)
         rewards = np.array([r.total_reward for r in rollouts], np.float64)
         p.last_reward = float(rewards.mean())
         self.staleness_hist.extend(stale)
@@ -358,6 +356,9 @@ class TrainerService:
             **sync,
         }
         self._log_metrics(new_version, row)
+        # after the row: a resumed run keeps the rows up to its checkpoint, so none is missing
+        if new_version % self.checkpoint_every == 0 or new_version == self.total_steps:
+            self._checkpoint(new_version, state, p.consumed_groups)
 
     def _take_groups(self):
         """(B groups to train, groups dropped as too stale) or (None, dropped) when stopped.

@@ -12,7 +12,7 @@ import time
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-SETS = ["rl.tasks=parity", "rl.steps=6", "train.steps=6", "rl.checkpoint_every=2", "rl.eval_every=3",
+SETS = ["rl.tasks=parity", "rl.steps=6", "rl.checkpoint_every=2", "rl.eval_every=3",
         "rl.batch_groups=2", "rl.group_size=4", "rl.num_rollout_workers=8",
         "rl.num_train_tasks=8", "rl.num_eval_tasks=4"]
 
