@@ -26,7 +26,39 @@ def _config() -> Config:
     return Config()
 
 
+def _family_run(source: str) -> bool:
+    """True when `source` (WORKDIR or WORKDIR@V) is an RL run of a task family with its own
+    held-out split (rl.tasks=lookup|parity in its config.json)."""
+    from composer_jax.train.run_checkpoint import parse_run_source
+    run_dir, _ = parse_run_source(source)
+    cfg_file = pathlib.Path(run_dir) / "config.json"
+    if not cfg_file.is_file():
+        return False
+    return json.loads(cfg_file.read_text()).get("rl", {}).get("tasks") in ("lookup", "parity")
+
+
+def _run_family(cfg: Config, workdir: pathlib.Path) -> dict:
+    """eval.policy=WORKDIR[@V] of a lookup/parity RL run: its held-out split, greedy, with SEs."""
+    from composer_jax.rl.family_eval import evaluate_run
+    from composer_jax.rl.rollout import atomic_write_bytes
+    from composer_jax.runlog import MetricsWriter
+    row = evaluate_run(cfg.eval.policy)
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(workdir / "eval.json", json.dumps(row, indent=1).encode())
+    with MetricsWriter(workdir, tensorboard=False) as m:
+        m.write(0, {k: v for k, v in row.items() if isinstance(v, float)})
+    print(f"held-out {row['task_family']} eval of {row['policy']} (version {row['version']}): "
+          f"resolved {row['eval_resolved_rate']:.3f} +- {row['eval_resolved_se']:.3f}, reward "
+          f"{row['eval_reward_mean']:.3f} +- {row['eval_reward_se']:.3f} over "
+          f"{int(row['eval_num_tasks'])} tasks")
+    print(json.dumps(row))
+    return row
+
+
 def _run(cfg: Config, workdir: pathlib.Path) -> dict:
+    if cfg.eval.suite == "" and _family_run(cfg.eval.policy):
+        return _run_family(cfg, workdir)
     from composer_jax.eval.api import ensure_suite, evaluate
     from composer_jax.eval.policies import make_policy
     from composer_jax.eval.report import write_reports

@@ -240,6 +240,16 @@ def coding_eval_fn(cfg: Config):
     return evaluate
 
 
+def family_eval_fn(cfg: Config):
+    """The checkpoint evaluator's function for a family with its own held-out split (lookup):
+    greedy episodes of every held-out task with exactly the evaluated version's weights
+    (`rl.family_eval.FamilyEvaluator`, what `--experiment=eval --set eval.policy=WORKDIR@V`
+    runs too)."""
+    from composer_jax.rl.family_eval import FamilyEvaluator
+    from composer_jax.rl.program import build_program
+    return FamilyEvaluator(build_program(program_spec(cfg)), cfg)
+
+
 def make_store(cfg: Config):
     """The weight store the trainer publishes to (in-process transport; the inference side reads
     it in this process, or receives versions through Ray's object store with rl.backend=ray)."""
@@ -296,6 +306,8 @@ def run(cfg: Config, workdir: pathlib.Path) -> dict:
             cfg = prepare_coding(cfg)
             save_config(cfg, workdir / "config.json")     # the resolved pool, policy and model
             eval_fn = coding_eval_fn(cfg) if cfg.rl.eval_every > 0 else None
+        if cfg.rl.tasks == RLTasks.LOOKUP and cfg.rl.eval_every > 0:
+            eval_fn = family_eval_fn(cfg)
         write_run_files(cfg, workdir)
         try:
             summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg),

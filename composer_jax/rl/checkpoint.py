@@ -19,7 +19,10 @@ from composer_jax.errors import CheckpointError
 
 
 class RLCheckpointer:
-    def __init__(self, directory, keep: int = 2, meta: dict | None = None):
+    def __init__(self, directory, keep: int = 2, meta: dict | None = None,
+                 keep_period: int | None = None):
+        """keep: the newest checkpoints kept; keep_period: also keep every version that is a
+        multiple of it (the evaluated versions, so `eval.policy=WORKDIR@V` can score them)."""
         import orbax.checkpoint as ocp
         self._ocp = ocp
         self.directory = pathlib.Path(directory).absolute()
@@ -27,7 +30,8 @@ class RLCheckpointer:
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
-                                                 cleanup_tmp_directories=True),
+                                                 cleanup_tmp_directories=True,
+                                                 keep_period=keep_period or None),
             item_names=("state", "rl", "meta"))
 
     def save(self, version: int, state, consumed_groups, started_groups: int = 0,

@@ -171,7 +171,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
     cfg_dict = spec.kwargs.get("config") or {}
     ckpt = RLCheckpointer(workdir / "checkpoints", meta=(
         {"model": cfg_dict["model"], "seed": cfg_dict.get("seed", settings.seed)}
-        if "model" in cfg_dict else None))
+        if "model" in cfg_dict else None), keep_period=settings.eval_every or None)
     learner = program.make_learner()
 
     # ---- resume
@@ -251,6 +251,8 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
                              on_publish=lambda: wake_inference(), on_step=on_step,
                              max_staleness=settings.max_staleness,
                              stale_policy=settings.stale_policy, dropped_groups=dropped)
+    if restored is None and settings.eval_every > 0:
+        checkpoint(0, state, set())        # the starting policy, evaluated (WORKDIR@0)
     if store.latest() != version:
         trainer.publish_current()
     inference = _make_inference(settings, spec, store)
