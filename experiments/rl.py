@@ -5,9 +5,13 @@
              admission control (rl.max_staleness = 2); rollout-level fault tolerance and resume
   rl_sync    the same with rl.max_staleness = 0 (synchronous RL: generate a batch, train, repeat)
 
-Defaults run on a laptop CPU in a few minutes: the known-optimum "parity" task family
-(`composer_jax.rl.tasks.parity`) with the `tiny` MoE policy. `--set rl.task=NAME` runs another
-registered task family (`composer_jax.rl.tasks`; README "Adding an RL task"), `--set
+Defaults run on a laptop CPU in a few minutes: the known-optimum, multi-turn, tool-using "lookup"
+task family (`composer_jax.rl.tasks.lookup`: read the note the prompt names with read_file,
+follow it, finish with its code; held-out prompts use keys never trained on) with the `tiny` MoE
+policy after a short SFT on training demonstrations. `--set rl.task=parity` is the single-turn
+parity family (with the `rl_async_parity` settings), `--set rl.task=coding` the sandboxed coding
+tasks; `--set rl.task=NAME` runs any registered task family (`composer_jax.rl.tasks`; README
+"Adding an RL task"), `--set
 rl.job.backend=ray` the same services as Ray actors (`--set rl.job.ray_address=HOST:PORT` joins a
 cluster). Outputs in WORKDIR:
 config.json, metrics.jsonl, tb/, rollouts/ (the rollout log), checkpoints/, plots/, rl_summary.json,
@@ -22,12 +26,33 @@ import pathlib
 
 from composer_jax import registry
 from composer_jax.config import (CodingTaskConfig, Config, EnvConfig, EvalConfig, JobConfig,
-                                 ParityTaskConfig, RLConfig, Schedule, TrainConfig,
-                                 WeightSyncConfig, to_dict)
+                                 LookupTaskConfig, ParityTaskConfig, RLConfig, Schedule,
+                                 TrainConfig, WeightSyncConfig, to_dict)
 from composer_jax.errors import ConfigError
 
 
+def _lookup_config(max_staleness: int) -> Config:
+    """rl.task=lookup (the default): easy and hard tasks (2 or 3 tool calls), 64 held-out tasks
+    evaluated greedily every 10 versions; the initial policy is a fresh tiny MoE after
+    rl.task.sft_steps SFT steps on training demonstrations (held-out keys never trained on);
+    4 groups x 8 samples per step, Adam at a constant 1e-3, Dr.GRPO (loss_normalizer = about the
+    sampled tokens of one step). The length term is difficulty-aware (rl.task.length_weights:
+    easy 1, hard 0) with the weights of `lookup_env_config`."""
+    from composer_jax.rl.tasks.lookup import lookup_env_config, lookup_model_config
+    rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=40,
+                  max_new_tokens=40, seq_len=192, loss_normalizer=1024.0,
+                  task=LookupTaskConfig(num_train_tasks=256, num_eval_tasks=64, max_turns=4,
+                                        levels=("easy", "hard"), sft_steps=200),
+                  job=JobConfig(num_rollout_workers=32, checkpoint_every=10, eval_every=10),
+                  weight_sync=WeightSyncConfig(full_snapshot_every=10))
+    train = TrainConfig(steps=rl.steps, lr=1e-3, warmup_steps=0, schedule=Schedule.CONSTANT,
+                        weight_decay=0.0, grad_clip=1.0, log_every=1)
+    return dataclasses.replace(Config(), model=lookup_model_config(), rl=rl, train=train,
+                               env=lookup_env_config())
+
+
 def _config(max_staleness: int) -> Config:
+    """rl.task=parity (`rl_async_parity`)."""
     from composer_jax.rl.toy_tasks import toy_model_config
     # the recipe of benchmarks/rl_learning_curve.py (issue 15): Adam at a constant 3e-3, Dr.GRPO
     # with loss_normalizer 64 (about one step's tokens), 4 tasks x 8 samples per step, 6 new
@@ -94,23 +119,34 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def with_coding_defaults(cfg: Config) -> Config:
-    """`rl_async --set rl.task=coding` (or rl_sync): the coding settings (`_coding_config`), with
-    every field the user set (anything that differs from the parity experiment's defaults) kept.
-    A config already built from the coding defaults is returned as is."""
+def with_task_defaults(cfg: Config, make_defaults) -> Config:
+    """`rl_async --set rl.task=coding|parity` (or rl_sync): that family's settings
+    (`make_defaults(max_staleness)`, e.g. `_coding_config`), with every field the user set kept:
+    anything that differs from the default lookup experiment's config, and in the task section
+    anything that differs from the family section's own defaults (`--set rl.task=NAME` resets
+    the section to them). A config not built from the lookup defaults (another model) is returned
+    as is."""
     from composer_jax.config import from_dict
-    parity = _config(cfg.rl.max_staleness)
-    if cfg.model != parity.model:
+    base = _lookup_config(cfg.rl.max_staleness)
+    if cfg.model != base.model:
         return cfg
-    user = {k: v for k, v in _flat(to_dict(cfg)).items() if _flat(to_dict(parity)).get(k) != v}
-    coding = to_dict(_coding_config(cfg.rl.max_staleness))
+    flat_base = _flat(to_dict(base))
+    if cfg.rl.task.family != base.rl.task.family:
+        flat_base.update(_flat({"rl": {"task": to_dict(type(cfg.rl.task)())}}))
+    user = {k: v for k, v in _flat(to_dict(cfg)).items() if flat_base.get(k) != v}
+    out = to_dict(make_defaults(cfg.rl.max_staleness))
     for key, value in user.items():
-        node = coding
+        node = out
         *parents, leaf = key.split(".")
         for part in parents:
             node = node[part]
         node[leaf] = value
-    return from_dict(Config, coding)
+    return from_dict(Config, out)
+
+
+def with_coding_defaults(cfg: Config) -> Config:
+    """`with_task_defaults` with the coding settings (`_coding_config`)."""
+    return with_task_defaults(cfg, _coding_config)
 
 
 def program_spec(cfg: Config):
@@ -121,11 +157,13 @@ def program_spec(cfg: Config):
 
 
 def prepare(cfg: Config) -> Config:
-    """The run's config resolved by its task family (coding: the experiment's coding defaults
-    first, then the pool, the initial policy and its model)."""
+    """The run's config resolved by its task family: a family with experiment settings of its
+    own (parity, coding) gets them first (`with_task_defaults`); then the family's `prepare`
+    (coding: the pool, the initial policy and its model)."""
     from composer_jax.rl.tasks import get
-    if cfg.rl.task.family == "coding":
-        cfg = with_coding_defaults(cfg)
+    defaults = {"coding": _coding_config, "parity": _config}.get(cfg.rl.task.family)
+    if defaults is not None:
+        cfg = with_task_defaults(cfg, defaults)
     return get(cfg.rl.task.family).prepare(cfg)
 
 
@@ -194,11 +232,15 @@ def check_steps(default):
     return check
 
 
-registry.register("rl_async", "asynchronous RL (streamed rollouts, in-flight weight updates, "
-                  "staleness <= rl.max_staleness=2, fault-tolerant; local or Ray backend)",
-                  lambda: _config(2), run, check_steps(lambda: _config(2)))
+registry.register("rl_async", "asynchronous RL on the multi-turn tool-using lookup family "
+                  "(streamed rollouts, in-flight weight updates, staleness <= rl.max_staleness=2 "
+                  "at consumption, fault-tolerant; local or Ray backend)",
+                  lambda: _lookup_config(2), run, check_steps(lambda: _lookup_config(2)))
 registry.register("rl_sync", "the rl_async job with rl.max_staleness=0 (synchronous RL baseline)",
-                  lambda: _config(0), run, check_steps(lambda: _config(0)))
+                  lambda: _lookup_config(0), run, check_steps(lambda: _lookup_config(0)))
+registry.register("rl_async_parity", "rl_async on the single-turn parity family (= rl_async "
+                  "--set rl.task=parity with the parity settings)", lambda: _config(2), run,
+                  check_steps(lambda: _config(2)))
 registry.register("rl_async_coding", "rl_async on sandboxed coding tasks (= rl_async --set "
                   "rl.task=coding): SFT-initialised policy, real tools, eval-suite evaluator",
                   lambda: _coding_config(2), run, check_steps(lambda: _coding_config(2)))

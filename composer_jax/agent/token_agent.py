@@ -186,16 +186,15 @@ class TokenAgent:
 
     def run(self, task: Task, task_dir, *, group_id: str = "",
             rollout_id: str | None = None) -> Rollout:
-        """One episode of `task` (its pool directory `task_dir`); never raises for an episode
-        failure: a crash returns `Rollout.failed` with the segments recorded so far."""
-        rid = rollout_id or uuid.uuid4().hex
+        """One episode of `task` (its pool directory `task_dir`) in a sandboxed workspace; never
+        raises for an episode failure: a crash returns `Rollout.failed` with the segments
+        recorded so far."""
         task_dir = pathlib.Path(task_dir)
-        ep = _EpisodeState(time.time(), time.monotonic())
-        seg: list[_Seg] = []
-        try:
+
+        def body(rid: str, ep: _EpisodeState, segs: list[_Seg]) -> dict:
             with open_workspace(task_dir / "snapshot", self.env_cfg,
                                 python_version=task.python_version) as ws:
-                self._episode(ws, task, rid, ep, seg)
+                self._episode(ws, initial_messages(task), rid, ep, segs)
                 t0 = time.monotonic()
                 grade = grade_workspace(ws, task, task_dir / "snapshot")
                 ep.timing["grade_s"] += time.monotonic() - t0
@@ -209,20 +208,46 @@ class TokenAgent:
                             "grader_ok": bool(grade.ok),
                             "p2p_failed": sorted(t for t in task.pass_to_pass
                                                  if grade.results.get(t) != "pass")})
-            return Rollout(task.task_id, group_id, ep.segments, reward, rollout_id=rid,
+            return reward
+        return self._guarded(task.task_id, group_id, rollout_id, body)
+
+    def run_on(self, ws, messages: list[dict], task_id: str,
+               score: Callable[[object, "_EpisodeState"], dict], *, group_id: str = "",
+               rollout_id: str | None = None) -> Rollout:
+        """One episode from `messages` (system prompt + task) on an open tool workspace `ws`
+        (anything with `call(name, arguments) -> ToolResult`, `num_calls` and
+        `num_invalid_calls`, e.g. a task family's in-process tools), in the same loop and with
+        the same recording as `run`. `score(ws, ep) -> reward dict` grades the finished episode
+        (`ep`: `stop`, `final`, `turns`, `generated`, `effort_counts(ep)`; it may add facts to
+        `ep.info`). Never raises for an episode failure (an error rollout instead)."""
+        def body(rid: str, ep: _EpisodeState, segs: list[_Seg]) -> dict:
+            self._episode(ws, [dict(m) for m in messages], rid, ep, segs)
+            return score(ws, ep)
+        return self._guarded(task_id, group_id, rollout_id, body)
+
+    def _guarded(self, task_id: str, group_id: str, rollout_id: str | None, body) -> Rollout:
+        """Runs `body(rid, ep, segs) -> reward` into a Rollout; a crash becomes an error rollout
+        with the segments recorded so far; every engine session is ended."""
+        rid = rollout_id or uuid.uuid4().hex
+        ep = _EpisodeState(time.time(), time.monotonic())
+        seg: list[_Seg] = []
+        try:
+            reward = body(rid, ep, seg)
+            return Rollout(task_id, group_id, ep.segments, reward, rollout_id=rid,
                            timing=ep.finish_timing(), info=ep.finish_info())
         except Exception as exc:   # noqa: BLE001 - a crashed episode becomes an error rollout
             if seg and len(seg[-1].builder):     # the open segment (its session ends below)
                 ep.segments.append(seg[-1].builder.build(END_EPISODE))
             why = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
-            return Rollout.failed(task.task_id, group_id, why, ep.segments, rollout_id=rid,
+            return Rollout.failed(task_id, group_id, why, ep.segments, rollout_id=rid,
                                   timing=ep.finish_timing(), info=ep.finish_info())
         finally:
             for s in seg:
                 self.engine.end_session(s.session)
 
-    def _episode(self, ws, task: Task, rid: str, ep: "_EpisodeState", segs: list[_Seg]) -> None:
-        turns = _TokenTurns(self, rid, ep, segs, initial_messages(task))
+    def _episode(self, ws, initial: list[dict], rid: str, ep: "_EpisodeState",
+                 segs: list[_Seg]) -> None:
+        turns = _TokenTurns(self, rid, ep, segs, initial)
         end = run_loop(ws, turns, self.env_cfg, ep.t0)
         seg = turns.seg
         ep.segments.append(seg.builder.build(END_EPISODE))
@@ -312,15 +337,22 @@ class TokenAgent:
         params = inspect.signature(compute_reward).parameters
         if "tampered" in params:
             kw["tampered"] = bool(getattr(grade, "tampered", False))
+        if "claimed" in params:
+            kw["claimed"] = ep.claimed       # finish(success=...); False without a finish call
         if "counts" in params and EffortCounts is not None:
-            final_tokens = len(self.tokenizer.encode(ep.final)) if ep.final.strip() else 0
-            content = ep.content_tokens - (ep.last_content_tokens if ep.final_from_content else 0)
-            kw["counts"] = EffortCounts(content_tokens=max(content, 0),
-                                        tool_call_tokens=ep.tool_call_tokens,
-                                        tool_output_tokens=ep.tool_output_tokens,
-                                        final_message_tokens=final_tokens)
+            kw["counts"] = self.effort_counts(ep)
         breakdown = compute_reward(**kw)
         return dataclasses.asdict(breakdown)
+
+    def effort_counts(self, ep: "_EpisodeState"):
+        """The episode's real token counts for the effort x (`env.rewards.EffortCounts`): content
+        (less a final message given as content), tool-call, tool-output and final-message
+        tokens."""
+        final_tokens = len(self.tokenizer.encode(ep.final)) if ep.final.strip() else 0
+        content = ep.content_tokens - (ep.last_content_tokens if ep.final_from_content else 0)
+        return EffortCounts(content_tokens=max(content, 0), tool_call_tokens=ep.tool_call_tokens,
+                            tool_output_tokens=ep.tool_output_tokens,
+                            final_message_tokens=final_tokens)
 
 
 class _TokenTurns:
@@ -384,6 +416,8 @@ class _TokenTurns:
 
     def on_result(self, call, result, seconds: float) -> None:
         self.ep.timing["tools_s"] += seconds
+        if result.finished:           # the structured claim of success: finish's `success`
+            self.ep.claimed = bool((call.arguments or {}).get("success", False))
         self.pending.append({"role": "tool", "tool_call_id": call.call_id,
                              "content": result.output, "is_error": bool(result.is_error)})
 
@@ -407,6 +441,7 @@ class _EpisodeState:
         self.final_from_content = False
         self.finish_reasons: list[str] = []
         self.stop, self.final = "crashed", ""
+        self.claimed = False
         self.info: dict = {}
 
     def count_turn(self, body: list[int], call_ids: set[int]) -> None:
@@ -420,7 +455,8 @@ class _EpisodeState:
                 **self.timing}
 
     def finish_info(self) -> dict:
-        info = {"stop_reason": self.stop, "final_message": self.final, "num_turns": self.turns,
+        info = {"stop_reason": self.stop, "final_message": self.final, "claimed": self.claimed,
+                "num_turns": self.turns,
                 "generated_tokens": self.generated, "num_summaries": self.summaries,
                 "finish_reasons": self.finish_reasons, **self.info}
         if self.messages:

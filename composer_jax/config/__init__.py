@@ -34,16 +34,17 @@ from composer_jax.config.mesh import MESH_AXES, MeshConfig
 from composer_jax.config.model import (MODEL_PRESETS, ModelConfig, RopeConfig, RopeScaling,
                                        ScoringFunc, deepseek_v3, kimi_k2_5, small, tiny)
 from composer_jax.config.rl import (MOVED_RL_KEYS, TASK_PRESETS, CodingTaskConfig, JobConfig,
-                                    ParityTaskConfig, PolicyLoss, RLBackend, RLConfig, RLTasks,
-                                    TaskConfig, WeightSyncConfig, WorkerMode, register_task_config,
-                                    task_config_class)
+                                    LookupTaskConfig, ParityTaskConfig, PolicyLoss, RLBackend,
+                                    RLConfig, RLTasks, StalePolicy, TaskConfig, WeightSyncConfig,
+                                    WorkerMode, register_task_config, task_config_class)
 from composer_jax.config.train import MTPLoss, Optimizer, Schedule, TrainConfig
 from composer_jax.config.data import DataConfig
 from composer_jax.config.env import EnvConfig
 from composer_jax.errors import ConfigError
 
 __all__ = [
-    "CodingTaskConfig", "Config", "ConfigError", "JobConfig", "MOVED_RL_KEYS", "ParityTaskConfig",
+    "CodingTaskConfig", "Config", "ConfigError", "JobConfig", "LookupTaskConfig", "MOVED_RL_KEYS",
+    "ParityTaskConfig", "StalePolicy",
     "TASK_PRESETS", "TaskConfig", "WeightSyncConfig", "register_task_config", "task_config_class", "DataConfig", "DType", "EngineConfig", "EnvConfig", "EvalConfig",
     "ExecutionConfig", "EXECUTION_PRESETS", "MESH_AXES", "MeshConfig", "MODEL_PRESETS",
     "MODEL_PRESET_EXECUTION", "MOVED_MODEL_KEYS", "MTPLoss", "MoEImpl", "ModelConfig",

@@ -39,6 +39,12 @@ class RLTasks(str, enum.Enum):
     """The built-in task families (kept for old code; `rl.task.family` is any registered name)."""
     PARITY = "parity"    # the known-optimum task family (composer_jax.agent.tasks.parity)
     CODING = "coding"    # sandboxed coding tasks of the env task pool (token-level agent)
+    LOOKUP = "lookup"    # multi-turn read_file/finish episodes over notes (composer_jax.agent.lookup)
+
+
+class StalePolicy(str, enum.Enum):
+    DROP = "drop"        # a group with a rollout older than rl.max_staleness is not trained
+    KEEP = "keep"        # trained anyway, corrected by the truncated importance weights
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,8 +102,34 @@ class CodingTaskConfig(TaskConfig):
     tokenizer: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class LookupTaskConfig(TaskConfig):
+    """rl.task=lookup: multi-turn read_file/finish episodes over a task's notes, held-out prompt
+    keys never trained on (`composer_jax.agent.lookup`). max_turns: assistant turns per episode;
+    levels: easy (read, finish) and/or hard (read twice, finish); sft_steps: SFT steps of the
+    initial policy on training demonstrations (0 = a fresh model); length_weights: the length
+    term's scale on (easy, hard) tasks (difficulty-aware effort)."""
+    family: str = "lookup"
+    max_turns: int = 4
+    levels: tuple[str, ...] = ("easy",)
+    sft_steps: int = 40
+    length_weights: tuple[float, ...] = (1.0, 0.0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(self.max_turns >= 1 and self.sft_steps >= 0,
+               f"rl.task.max_turns must be >= 1 and rl.task.sft_steps >= 0, got "
+               f"{self.max_turns}, {self.sft_steps}")
+        _check(bool(self.levels) and set(self.levels) <= {"easy", "hard"},
+               f"rl.task.levels must be a non-empty subset of (easy, hard), got {self.levels}")
+        _check(len(self.length_weights) == 2 and min(self.length_weights) >= 0,
+               f"rl.task.length_weights must be two weights >= 0 (easy, hard), got "
+               f"{self.length_weights}")
+
+
 _TASK_CONFIGS: dict[str, type[TaskConfig]] = {"parity": ParityTaskConfig,
-                                              "coding": CodingTaskConfig}
+                                              "coding": CodingTaskConfig,
+                                              "lookup": LookupTaskConfig}
 
 
 def register_task_config(name: str, cls: type[TaskConfig]) -> None:
@@ -215,6 +247,8 @@ class RLConfig:
     loss_normalizer: float = 4096.0     # token sums are divided by this constant (Dr.GRPO)
     kl_coef: float = 0.0                # k1 KL penalty placed in the reward
     max_staleness: int = 4              # admission control: versions ahead of the trainer
+    stale_policy: StalePolicy = StalePolicy.DROP   # at consumption, a group older than max_staleness
+    error_penalty: float = 1.0          # an error rollout with trainable tokens gets reward -error_penalty
     router_replay: bool = True          # the trainer's forward reuses the experts chosen at sampling
     summary_trigger_tokens: int = 0     # self-summarization when the context passes this (0 = off)
     batch_groups: int = 4               # B: groups (of group_size samples) per trainer step
@@ -236,6 +270,7 @@ class RLConfig:
         _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
         _check(self.loss_normalizer > 0, "rl.loss_normalizer must be > 0")
         _check(self.max_staleness >= 0, "rl.max_staleness must be >= 0")
+        _check(self.error_penalty >= 0, f"rl.error_penalty must be >= 0, got {self.error_penalty}")
         _check(self.kl_coef >= 0, f"rl.kl_coef must be >= 0 (0 = no reference policy), got {self.kl_coef}")
         _check(self.summary_trigger_tokens >= 0,
                f"rl.summary_trigger_tokens must be >= 0 (0 = off), got {self.summary_trigger_tokens}")
@@ -258,7 +293,9 @@ MOVED_RL_KEYS = {
                                "checkpoint_every", "eval_every")},
     "tasks": "task", "parity_kinds": "task.kinds", "env_latency_scale": "task.env_latency_scale",
     "init_from": "task.init_from", "num_train_tasks": "task.num_train_tasks",
-    "num_eval_tasks": "task.num_eval_tasks"}
+    "num_eval_tasks": "task.num_eval_tasks", "max_turns": "task.max_turns",
+    "lookup_levels": "task.levels", "lookup_sft_steps": "task.sft_steps",
+    "lookup_length_weights": "task.length_weights"}
 
 
 def migrate_legacy_rl(rl: dict) -> dict:
@@ -282,5 +319,8 @@ def migrate_legacy_rl(rl: dict) -> dict:
         task.pop("kinds", None), task.pop("env_latency_scale", None)
     if family != "coding":
         task.pop("init_from", None)
+    if family != "lookup":
+        for k in ("max_turns", "levels", "sft_steps", "length_weights"):
+            task.pop(k, None)
     out["task"] = task
     return out

@@ -36,12 +36,16 @@ def resolved_of(rollout: Rollout) -> float:
 
 
 def make_batch(rollouts: Sequence[Rollout], *, seq_len: int, batch_size: int | None = None,
-               router_replay: bool = True) -> dict[str, np.ndarray]:
-    """The training arrays of `rollouts` (module docstring). Error rollouts (`rollout.error`) are
-    left out. seq_len: T (a longer segment is an error: raise the length or summarise earlier);
+               router_replay: bool = True,
+               error_reward: float | None = None) -> dict[str, np.ndarray]:
+    """The training arrays of `rollouts` (module docstring). Error rollouts (`rollout.error`):
+    with `error_reward` set, those with sampled tokens are trained with that reward (a crashed
+    episode is penalised, never escapes a negative reward) and those without are left out (nothing
+    to train; `batch_metrics.error_metrics` counts both); with None every error rollout is left
+    out. seq_len: T (a longer segment is an error: raise the length or summarise earlier);
     batch_size: pad to this many rows (default: exactly the number of segments); router_replay:
     include `router_replay` (needs every segment to carry router indices)."""
-    rows = _rows(rollouts)
+    rows = _rows(rollouts, error_reward)
     b = _check_rows(rows, seq_len, batch_size)
     out = _zeros(b, seq_len)
     replay = router_replay and all(s.router_indices is not None for s, *_ in rows)
@@ -71,15 +75,21 @@ def make_batch(rollouts: Sequence[Rollout], *, seq_len: int, batch_size: int | N
     return out
 
 
-def _rows(rollouts: Sequence[Rollout]) -> list[tuple]:
-    """(segment, reward, resolved, weight, group, episode) of every trainable segment."""
+def _rows(rollouts: Sequence[Rollout], error_reward: float | None = None) -> list[tuple]:
+    """(segment, reward, resolved, weight, group, episode) of every trainable segment (error
+    rollouts: see `make_batch`)."""
+    def keep(r: Rollout) -> bool:
+        return r.error is None or (error_reward is not None and r.num_trainable > 0)
+
     rows = []
     groups: dict[str, int] = {}
-    for e, r in enumerate(x for x in rollouts if x.error is None):
+    for e, r in enumerate(x for x in rollouts if keep(x)):
         segs = [s for s in r.segments if len(s) > 1]
         g = groups.setdefault(r.group_id, len(groups))
+        reward, resolved = ((r.total_reward, resolved_of(r)) if r.error is None
+                            else (float(error_reward), 0.0))
         for s in segs:
-            rows.append((s, r.total_reward, resolved_of(r), 1.0 / len(segs), g, e))
+            rows.append((s, reward, resolved, 1.0 / len(segs), g, e))
     return rows
 
 

@@ -1,5 +1,6 @@
 """Per-batch metrics of the trainer's rows: staleness, resolved rate, agent behaviour of
-tool-using episodes, weight-sync sizes. numpy only (JAX only for other pytrees' sizes)."""
+tool-using episodes (per difficulty level too), error rollouts, standard errors, weight-sync
+sizes. numpy only (JAX only for other pytrees' sizes)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +12,12 @@ def staleness(rollout: Rollout, trainer_version: int) -> int | None:
     """Trainer version minus the oldest policy version that sampled a token of the rollout."""
     used = rollout.versions_used()
     return None if used is None else trainer_version - used[0]
+
+
+def group_staleness(rollouts: list[Rollout], trainer_version: int) -> int:
+    """The largest staleness of a group's rollouts (-1 when none sampled a token)."""
+    return max((s for s in (staleness(r, trainer_version) for r in rollouts) if s is not None),
+               default=-1)
 
 
 def resolved_of(rollout: Rollout) -> float:
@@ -41,11 +48,45 @@ def behaviour_metrics(rollouts: list[Rollout]) -> dict:
                                                    for r in eps]))}
     if calls.sum() > 0:
         out["valid_call_rate"] = float((calls - invalid).clip(min=0).sum() / calls.sum())
+    out.update(level_metrics(eps))
     for term in BEHAVIOUR_TERMS:
         vals = [r.reward[term] for r in eps if term in r.reward]
         if vals:
             out[f"reward_{term}_mean"] = float(np.mean(vals))
     return out
+
+
+def level_metrics(rollouts: list[Rollout], prefix: str = "") -> dict:
+    """Per difficulty level (episodes whose info has `level`, e.g. the lookup family's easy/hard):
+    `<prefix><level>_generated_tokens_mean`, `_resolved_rate` and `_count`."""
+    levels: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        if r.error is None and "level" in r.info:
+            levels.setdefault(str(r.info["level"]), []).append(r)
+    out = {}
+    for level, rs in sorted(levels.items()):
+        out[f"{prefix}{level}_generated_tokens_mean"] = float(np.mean(
+            [r.info.get("generated_tokens", 0) for r in rs]))
+        out[f"{prefix}{level}_resolved_rate"] = float(np.mean([resolved_of(r) for r in rs]))
+        out[f"{prefix}{level}_count"] = float(len(rs))
+    return out
+
+
+def standard_error(values) -> float:
+    """The standard error of the mean of `values` (sample std / sqrt(n); 0 for n < 2)."""
+    v = np.asarray(list(values), np.float64)
+    return float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
+
+
+def error_metrics(rollouts: list[Rollout], penalty: float | None) -> dict:
+    """error_penalised: error rollouts trained with reward -penalty (they have sampled tokens);
+    error_excluded: error rollouts without a sampled token (nothing to train: left out, counted).
+    With penalty None (a learner that excludes every error rollout) all count as excluded."""
+    errs = [r for r in rollouts if r.error is not None]
+    if penalty is None:
+        return {"error_penalised": 0.0, "error_excluded": float(len(errs))}
+    trainable = sum(r.num_trainable > 0 for r in errs)
+    return {"error_penalised": float(trainable), "error_excluded": float(len(errs) - trainable)}
 
 
 def sync_stats(info, params) -> dict:

@@ -82,7 +82,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
             if stop_event is not None and stop_event.is_set():
                 run.stopped_by = getattr(stop_event, "signal_name", "") or "stop request"
                 break
-            run.follow(p.version)           # admission and held-out evaluation follow the trainer
+            run.follow(p)                   # admission and held-out evaluation follow the trainer
             if p.done and not run.evaluating():
                 break
             run.start_groups()
@@ -115,7 +115,8 @@ def already_finished(workdir: pathlib.Path, steps: int) -> dict | None:
 class Resumed:
     """Where a run starts (`resume`): learner state and version, the groups already trained on,
     episodes to (re)run, the next group index, groups started so far, rollouts re-admitted,
-    and the run's totals up to the restored checkpoint (`RLRun.totals`)."""
+    the run's totals up to the restored checkpoint (`RLRun.totals`) and the consumed groups that
+    were dropped as too stale."""
     state: object
     version: int
     consumed: set
@@ -125,6 +126,7 @@ class Resumed:
     readmitted: int
     restored: bool
     prior: dict
+    dropped: int = 0
 
 
 def resume(learner, ckpt, log: RolloutLog, stream: RolloutStream,
@@ -134,11 +136,11 @@ def resume(learner, ckpt, log: RolloutLog, stream: RolloutStream,
     queued again (same rollout ids); the consumed log is truncated to the checkpoint."""
     restored = ckpt.restore_latest(learner.state_template()) if ckpt.manager.all_steps() else None
     if restored is None:
-        state, version, consumed, prior = learner.init_state(), 0, set(), {}
+        state, version, consumed, prior, dropped = learner.init_state(), 0, set(), {}, 0
     else:
         state, meta = restored
         version, consumed = int(meta["version"]), set(meta["consumed_groups"])
-        prior = meta.get("totals", {})
+        prior, dropped = meta.get("totals", {}), int(meta.get("dropped_groups", 0))
     log.truncate_consumed(version)
     admitted, logged = log.admitted(), log.scan()
     by_group = collections.defaultdict(list)
@@ -159,7 +161,7 @@ def resume(learner, ckpt, log: RolloutLog, stream: RolloutStream,
             pending.append(Job(gid, s, row["task_id"], job_seed(settings.seed, row["index"], s)))
     next_index = 1 + max([row["index"] for row in admitted.values()], default=-1)
     return Resumed(state, version, consumed, pending, next_index,
-                   len(set(admitted) | consumed), readmitted, restored is not None, prior)
+                   len(set(admitted) | consumed), readmitted, restored is not None, prior, dropped)
 
 
 class _Metrics:
@@ -208,7 +210,7 @@ class RLRun:
         cfg = spec.kwargs.get("config") or {}
         self.ckpt = RLCheckpointer(workdir / "checkpoints", meta=(
             {"model": cfg["model"], "seed": cfg.get("seed", settings.seed)}
-            if "model" in cfg else None))
+            if "model" in cfg else None), keep_period=settings.eval_every or None)
         self.learner = program.make_learner()
         self.start = resume(self.learner, self.ckpt, self.log, self.stream, settings)
         self.metrics = _Metrics(workdir, resume_from=self.start.version)
@@ -216,6 +218,7 @@ class RLRun:
         self.stopped_by = ""
         self.pending, self.next_index = self.start.pending, self.start.next_index
         self.admission.started = self.start.started
+        self.admission.release_to(self.start.dropped)
         self.admission.advance(self.start.version)
         self.t_start, self.put_at_start = time.monotonic(), self.stream.num_put
         self._start_services(program, store, eval_fn, backend)
@@ -236,9 +239,12 @@ class RLRun:
         self.inference = None
         self.trainer = TrainerService(
             self.learner, self.stream, store, self.log, self,
-            TrainerStart(st.state, st.version, frozenset(st.consumed)),
+            TrainerStart(st.state, st.version, frozenset(st.consumed), st.dropped),
             batch_groups=settings.batch_groups, total_steps=settings.steps,
-            checkpoint_every=settings.checkpoint_every)
+            checkpoint_every=settings.checkpoint_every, max_staleness=settings.max_staleness,
+            stale_policy=settings.stale_policy)
+        if not st.restored and settings.eval_every > 0:
+            self.checkpoint(0, st.state, set())     # the starting policy, evaluated (WORKDIR@0)
         if store.latest() != st.version:
             self.trainer.publish_current()
         self.inference = backend.make_inference(self.spec, store)
@@ -254,7 +260,8 @@ class RLRun:
     # ---------------------------------------------------------------- TrainerHooks
 
     def checkpoint(self, version: int, state, consumed_groups: set) -> None:
-        self.ckpt.save(version, state, consumed_groups, self.admission.started, self.totals())
+        self.ckpt.save(version, state, consumed_groups, self.admission.started, self.totals(),
+                       dropped_groups=self.trainer.progress.dropped_groups)
 
     def totals(self) -> dict:
         """The whole run's totals so far: the restored checkpoint's plus this segment's."""
@@ -286,12 +293,16 @@ class RLRun:
 
     # ---------------------------------------------------------------- one tick of the loop
 
-    def follow(self, v: int) -> None:
+    def follow(self, p) -> None:
         """Admission counts the version new episodes will sample with: the trainer's, once the
-        inference service has loaded it (so S = 0 is exactly synchronous); held-out episodes of
-        every eval_every-th version (and the last) go to the front of the queue."""
+        inference service has loaded it (so S = 0 is exactly synchronous), and frees the slots
+        of groups the trainer dropped as too stale; held-out episodes of every eval_every-th
+        version (and the last) go to the front of the queue."""
+        v = p.version
         if v > self.admission.version and self.inference.version() >= v:
             self.admission.advance(v)
+        if p.dropped_groups > self.admission.released:
+            self.admission.release_to(p.dropped_groups)
         ev, last = self.evaluator, v == self.settings.steps
         if ev.due(v) or (last and self.eval_tasks and v not in ev.scheduled):
             self.pending.extendleft(reversed(ev.jobs(v, self.settings.seed + 7919 * v)))
@@ -303,7 +314,7 @@ class RLRun:
     def start_groups(self) -> None:
         """Opens new groups while admission control allows (G episodes each)."""
         s = self.settings
-        while self.admission.can_start() and self.admission.started < s.steps * s.batch_groups:
+        while self.admission.can_start() and self.admission.active < s.steps * s.batch_groups:
             i, gid = self.next_index, group_name(self.next_index)
             task = task_for_group(self.train_tasks, i, s.seed)
             self.log.append_admitted(gid, task, i)
@@ -380,6 +391,7 @@ def summarize(run: RLRun) -> dict:
                                                          + tot["trainer_busy_s"], 1e-9),
         "staleness_hist": tot["staleness_hist"],
         "eval": dict(sorted(evals.items(), key=lambda kv: int(kv[0]))),
+        "stale_dropped_groups": p.dropped_groups,
         "eval_source": ("eval suite (checkpoint evaluator)" if run.ckpt_eval is not None else
                         "held-out tasks of the program (parity: held-out parity tasks)"),
         "inference": run.inference_stats,

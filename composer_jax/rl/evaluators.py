@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from composer_jax.agent.rollout import Rollout
-from composer_jax.rl.batch_metrics import resolved_of
+from composer_jax.rl.batch_metrics import level_metrics, resolved_of, standard_error
 from composer_jax.rl.jobs import EVAL, Job
 
 
@@ -21,8 +21,8 @@ class EvaluatorService:
     program: held-out parity tasks, NOT the eval suite): the driver schedules one greedy episode
     per held-out task whenever the trainer passes a multiple of `eval_every`; `record` collects
     them and logs, once a version's episodes are all in, `heldout_parity_resolved_rate` and
-    `heldout_parity_reward_mean` (prefix `name`), and the same rate under the stable name
-    `eval_resolved_rate` with `eval_source` = 1 (held-out program tasks; the eval suite's
+    `heldout_parity_reward_mean` with their standard errors (`_se`; prefix `name`), and the same
+    rate under the stable name `eval_resolved_rate` with `eval_source` = 1 (held-out program tasks; the eval suite's
     checkpoint evaluator logs `eval_source` = 2)."""
 
     SOURCE = 1.0
@@ -50,12 +50,16 @@ class EvaluatorService:
         got[job.group_id] = rollout
         if len(got) == len(self.tasks):
             rs = list(got.values())
-            rate = float(np.mean([resolved_of(r) for r in rs]))
+            res, rewards = [resolved_of(r) for r in rs], [r.total_reward for r in rs]
+            rate = float(np.mean(res))
             row = {f"{self.name}_resolved_rate": rate,
-                   f"{self.name}_reward_mean": float(np.mean([r.total_reward for r in rs])),
+                   f"{self.name}_resolved_se": standard_error(res),
+                   f"{self.name}_reward_mean": float(np.mean(rewards)),
+                   f"{self.name}_reward_se": standard_error(rewards),
                    f"{self.name}_error_rate": float(np.mean([r.error is not None for r in rs])),
                    f"{self.name}_num_tasks": float(len(rs)),
-                   "eval_resolved_rate": rate, "eval_source": self.SOURCE}
+                   "eval_resolved_rate": rate, "eval_resolved_se": standard_error(res),
+                   "eval_source": self.SOURCE, **level_metrics(rs, "eval_")}
             self.results[job.eval_version] = row
             del self._pending[job.eval_version]
             self._log_metrics(job.eval_version, row)

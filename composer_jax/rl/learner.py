@@ -16,6 +16,7 @@ class ModelLearner:
         self.cfg = cfg
         self._make_model = make_model
         self._fns = self._state = None
+        self.error_penalty = cfg.rl.error_penalty   # error rollouts with tokens: reward -this
 
     def _build(self):
         if self._fns is None:
@@ -37,7 +38,7 @@ class ModelLearner:
         rl = self.cfg.rl
         rollouts = [r for g in groups for r in g]
         batch = make_batch(rollouts, seq_len=rl.seq_len, batch_size=rl.batch_groups * rl.group_size,
-                           router_replay=rl.router_replay)
+                           router_replay=rl.router_replay, error_reward=-self.error_penalty)
         state, metrics = fns.rl_step(state, batch)
         return state, {k: float(v) for k, v in jax.device_get(metrics).items()}
 

@@ -11,7 +11,9 @@ and the weight store (`publish(version, params)`, `fetch(version)`, `latest()`);
 This module re-exports them under their old import path.
 """
 from composer_jax.rl.batch_metrics import (BEHAVIOUR_TERMS, behaviour_metrics,  # noqa: F401
-                                           resolved_of, staleness, sync_stats, tree_nbytes)
+                                           error_metrics, group_staleness, level_metrics,
+                                           resolved_of, staleness, standard_error, sync_stats,
+                                           tree_nbytes)
 from composer_jax.rl.evaluators import CheckpointEvaluator, EvaluatorService  # noqa: F401
 from composer_jax.rl.inference_service import InferenceService  # noqa: F401
 from composer_jax.rl.jobs import EVAL, TRAIN, Job, run_job  # noqa: F401

@@ -1,5 +1,10 @@
 """The trainer service: takes B complete groups as soon as they are buffered, runs the learner's
-pure update step, publishes the new version, records the consumed groups, checkpoints, logs."""
+pure update step, publishes the new version, records the consumed groups, checkpoints, logs.
+
+Staleness is bounded at consumption: a group holding a rollout whose oldest token is more than
+`max_staleness` versions behind the trainer is dropped (stale_policy "drop": recorded as consumed,
+counted in `stale_dropped_*`, its admission slot released by the driver) or trained with the
+truncated IS correction ("keep": counted in `stale_kept_rollouts`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
-from composer_jax.rl.batch_metrics import behaviour_metrics, resolved_of, staleness, sync_stats
+from composer_jax.rl.batch_metrics import (behaviour_metrics, error_metrics, group_staleness,
+                                           resolved_of, staleness, sync_stats)
 from composer_jax.rl.program import Learner
 from composer_jax.rl.stream import RolloutLog, RolloutStream
 
@@ -27,6 +33,7 @@ class TrainerProgress:
     busy_s: float = 0.0
     error: BaseException | None = None
     done: bool = False
+    dropped_groups: int = 0          # groups dropped as too stale, over every life of the run
 
 
 class TrainerHooks(Protocol):
@@ -45,26 +52,34 @@ class TrainerHooks(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class TrainerStart:
-    """Where the trainer starts: its state, version and the groups already trained on."""
+    """Where the trainer starts: its state, version, the groups already consumed and how many
+    of them were dropped as too stale."""
     state: object
     version: int
     consumed_groups: frozenset
+    dropped_groups: int = 0
 
 
 class TrainerService:
     """The training loop of an RL run (module docstring): `batch_groups` groups per step until
-    version `total_steps`, a checkpoint every `checkpoint_every` versions and at the last."""
+    version `total_steps`, a checkpoint every `checkpoint_every` versions and at the last;
+    groups older than `max_staleness` (None: no bound) handled by `stale_policy`."""
 
     def __init__(self, learner: Learner, stream: RolloutStream, store, log: RolloutLog,
                  hooks: TrainerHooks, start: TrainerStart, *, batch_groups: int,
-                 total_steps: int, checkpoint_every: int):
+                 total_steps: int, checkpoint_every: int, max_staleness: int | None = None,
+                 stale_policy: str = "drop"):
+        if stale_policy not in ("drop", "keep"):
+            raise ValueError(f"stale_policy must be 'drop' or 'keep', got {stale_policy!r}")
+        self.max_staleness, self.stale_policy = max_staleness, stale_policy
         self.learner, self.stream, self.store, self.log = learner, stream, store, log
         self.hooks = hooks
         self.batch_groups, self.total_steps = batch_groups, total_steps
         self.checkpoint_every = checkpoint_every
         self.state = start.state
         self.progress = TrainerProgress(version=start.version,
-                                        consumed_groups=set(start.consumed_groups))
+                                        consumed_groups=set(start.consumed_groups),
+                                        dropped_groups=int(start.dropped_groups))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.staleness_hist: list[int] = []
@@ -98,11 +113,9 @@ class TrainerService:
     def _one_step(self) -> None:
         p = self.progress
         t0 = time.monotonic()
-        groups = None
-        while groups is None:
-            if self._stop.is_set():
-                return
-            groups = self.stream.get_groups(self.batch_groups, timeout=0.5)
+        groups, dropped = self._take_groups()
+        if groups is None:
+            return
         t1 = time.monotonic()
         rollouts = [r for g in groups for r in g.ordered()]
         stale = [s for s in (staleness(r, p.version) for r in rollouts) if s is not None]
@@ -111,8 +124,9 @@ class TrainerService:
         w = self.learner.weights(state)
         sync = sync_stats(self.store.publish(new_version, w), w)
         t2 = time.monotonic()
-        ids = [r.rollout_id for r in rollouts]
-        gids = [g.group_id for g in groups]
+        dropped_rollouts = [r for g in dropped for r in g.ordered()]
+        ids = [r.rollout_id for r in rollouts + dropped_rollouts]
+        gids = [g.group_id for g in groups + dropped]
         self.log.append_consumed(new_version, gids, ids)
         self.state = state
         p.consumed_groups.update(gids)
@@ -131,8 +145,8 @@ class TrainerService:
             "reward_mean": float(rewards.mean()),
             "resolved_rate": float(np.mean([resolved_of(r) for r in rollouts])),
             "error_rate": float(np.mean([r.error is not None for r in rollouts])),
-            "staleness_mean": float(np.mean(stale)) if stale else 0.0,
-            "staleness_max": float(max(stale)) if stale else 0.0,
+            **self._stale_metrics(stale, dropped, len(dropped_rollouts)),
+            **error_metrics(rollouts, getattr(self.learner, "error_penalty", None)),
             "trainer_idle_frac": (t1 - t0) / max(t2 - t0, 1e-9),
             "trainer_idle_frac_total": p.wait_s / max(p.wait_s + p.busy_s, 1e-9),
             "step_time_s": t2 - t0,
@@ -146,3 +160,34 @@ class TrainerService:
         # after the row: a resumed run keeps the rows up to its checkpoint, so none is missing
         if new_version % self.checkpoint_every == 0 or new_version == self.total_steps:
             self.hooks.checkpoint(new_version, state, p.consumed_groups)
+
+    def _take_groups(self):
+        """(B groups to train, groups dropped as too stale) or (None, dropped) when stopped.
+        With stale_policy "drop", a group whose oldest token is more than max_staleness versions
+        behind the trainer is set aside and replaced by the next complete group; the running
+        count `progress.dropped_groups` tells the driver to release its admission slot."""
+        p = self.progress
+        kept, dropped = [], []
+        while len(kept) < self.batch_groups:
+            if self._stop.is_set():
+                return None, dropped
+            got = self.stream.get_groups(self.batch_groups - len(kept), timeout=0.5)
+            for g in got or ():
+                if (self.stale_policy == "drop" and self.max_staleness is not None
+                        and group_staleness(g.ordered(), p.version) > self.max_staleness):
+                    dropped.append(g)
+                    p.dropped_groups += 1
+                else:
+                    kept.append(g)
+        return kept, dropped
+
+    def _stale_metrics(self, stale: list[int], dropped: list, dropped_rollouts: int) -> dict:
+        """Staleness of the trained rollouts, groups dropped for it, rollouts kept beyond it."""
+        bound = self.max_staleness
+        return {"staleness_mean": float(np.mean(stale)) if stale else 0.0,
+                "staleness_max": float(max(stale)) if stale else 0.0,
+                "stale_dropped_groups": float(len(dropped)),
+                "stale_dropped_rollouts": float(dropped_rollouts),
+                "stale_dropped_groups_total": float(self.progress.dropped_groups),
+                "stale_kept_rollouts": float(0 if bound is None else
+                                             sum(s > bound for s in stale))}

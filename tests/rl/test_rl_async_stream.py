@@ -85,12 +85,12 @@ def test_driver_learns_and_bounds_staleness(tmp_path, staleness):
     assert s["version"] == 12 and s["rollouts_trained"] == 12 * 2 * 4
     hist = {int(k): v for k, v in s["staleness_hist"].items()}
     # S=0: every token was sampled by the version being trained (exactly synchronous); S=2: at
-    # most S except for rare stragglers (groups finishing after later ones; admission.py)
+    # most S always (stragglers older than S are dropped at consumption, rl.stale_policy=drop)
     n = sum(hist.values())
     if staleness == 0:
         assert hist == {0: n}
     else:
-        assert sum(v for k, v in hist.items() if k > staleness) <= 0.05 * n
+        assert max(hist) <= staleness
         assert 1 in hist or 2 in hist                       # it did run ahead of the trainer
     assert s["error_rollouts"] >= 1                           # the crash task: error rollouts
     ev = s["eval"]

@@ -60,14 +60,18 @@ for task in ("parity", "examples.rl_task_letter"):
     tid = program.train_tasks()[0]
     r = program.run_episode(tid, 3, FakePolicy(), greedy=False)
     print(task, len(program.train_tasks()), len(program.eval_tasks()), r.segments[0].num_trainable)
+cfg = apply_overrides(Config(), ["rl.task=lookup", "model.vocab_size=448"], SECTION_PRESETS)
+program = build_program(task_program_spec(cfg))
+print("lookup", len(program.train_tasks()), len(program.eval_tasks()))
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "flax")))
 """)
-    assert out.splitlines() == ["parity 64 16 2", "examples.rl_task_letter 64 16 2", "[]"]
+    assert out.splitlines() == ["parity 64 16 2", "examples.rl_task_letter 64 16 2",
+                                "lookup 64 16", "[]"]
 
 
 def test_registry_names_builtins_and_loads_a_plugin_by_module_path():
     from composer_jax.rl import tasks
-    assert {"parity", "coding"} <= set(tasks.names())
+    assert {"parity", "coding", "lookup"} <= set(tasks.names())
     with pytest.raises(ConfigError, match="registered: .*parity"):
         tasks.get("nope")
     fam = tasks.get("examples.rl_task_letter")

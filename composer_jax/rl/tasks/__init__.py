@@ -6,9 +6,10 @@
                                           a plug-in family registers itself on import)
     names()                 -> sorted registered names
 
-Built-in families register themselves the same way on import of this package: `parity`
-(`rl.tasks.parity`, the known-optimum single-turn family) and `coding` (`rl.tasks.coding`,
-sandboxed coding episodes of the env task pool). Importing this package imports no JAX.
+Built-in families register themselves the same way on import of this package: `lookup`
+(`rl.tasks.lookup`, the default: multi-turn read_file/finish episodes with held-out prompt keys),
+`parity` (`rl.tasks.parity`, the known-optimum single-turn family) and `coding`
+(`rl.tasks.coding`, sandboxed coding episodes of the env task pool). Importing this package imports no JAX.
 """
 from __future__ import annotations
 
@@ -50,4 +51,4 @@ def family_of(cfg) -> TaskFamily:
     return get(cfg.rl.task.family)(cfg)
 
 
-from composer_jax.rl.tasks import coding, parity  # noqa: E402,F401  (the built-ins register)
+from composer_jax.rl.tasks import coding, lookup, parity  # noqa: E402,F401  (the built-ins register)

@@ -1,0 +1,134 @@
+"""The initial policy of `rl.task=lookup`: a fresh `cfg.model` after `rl.task.sft_steps` steps of
+the "lm" loss on optimal demonstrations of *training* tasks only (it teaches the protocol;
+held-out prompts are never trained on). Deterministic in (config, seed) and cached in memory and
+in the data cache (`lookup_sft/<key>.npz`). JAX: trainer and inference side only."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import random
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from composer_jax.agent import lookup as lk
+
+
+def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed: int):
+    """`steps` LM batches ([batch, seq_len], loss on assistant tokens) of demonstrations of
+    `tasks` (optimal episodes, random preambles), sampled with a seeded generator."""
+    from composer_jax.data.chat import encode_messages
+    from composer_jax.data.targets import add_targets
+    rng = random.Random(seed)
+    for _ in range(steps):
+        rows = {k: np.zeros((batch, seq_len), np.int32)
+                for k in ("tokens", "segment_ids", "positions", "trainable")}
+        for i in range(batch):
+            ids, tr = encode_messages(tokenizer, lk.demonstration(rng.choice(tasks), rng))
+            if len(ids) > seq_len:
+                raise ValueError(f"a demonstration of {len(ids)} tokens exceeds seq_len={seq_len}")
+            t = len(ids)
+            rows["tokens"][i, :t], rows["trainable"][i, :t] = ids, tr
+            rows["segment_ids"][i, :t], rows["positions"][i, :t] = 1, np.arange(t)
+        yield add_targets(rows, 0)
+
+
+def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
+    """A fresh `cfg.model` (seed cfg.seed) after `steps` Adam steps of the "lm" loss on
+    demonstrations of `train_tasks` -> (params, buffers) as numpy pure dicts."""
+    import jax
+    from flax import nnx
+
+    from composer_jax.config import Schedule
+    from composer_jax.model import init_model
+    from composer_jax.train.step import build
+    model = init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
+    if steps == 0:
+        _, p, b = nnx.split(model, nnx.Param, ...)
+        return jax.device_get(nnx.to_pure_dict(p)), jax.device_get(nnx.to_pure_dict(b))
+    tcfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, lr=lr, warmup_steps=0, schedule=Schedule.CONSTANT, weight_decay=0.0,
+        grad_clip=1.0, steps=steps, loss="lm"))
+    fns, state = build(model, tcfg, loss="lm")
+    for b in sft_batches(lk.lookup_tokenizer(cfg.model.vocab_size), train_tasks, steps=steps,
+                         batch=batch, seq_len=cfg.rl.seq_len, seed=cfg.seed):
+        state, _ = fns.train_step(state, b)
+    return jax.device_get(state.params), jax.device_get(state.buffers)
+
+
+_SFT_LOCK = threading.Lock()
+_SFT_MEM: dict[str, tuple] = {}
+
+
+def _key(cfg) -> str:
+    from composer_jax.config import to_dict
+    rl, t = cfg.rl, cfg.rl.task
+    return hashlib.sha256(json.dumps([to_dict(cfg.model), to_dict(cfg.execution), cfg.seed,
+                                      t.sft_steps, rl.seq_len, list(t.levels),
+                                      t.num_train_tasks, cfg.train.init_std, lk.SYSTEM,
+                                      lk.PREAMBLES, "v1"],
+                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def initial_weights(cfg, train_tasks) -> tuple[dict, dict]:
+    """The SFT policy's (params, buffers) (module docstring)."""
+    from composer_jax.config.data import resolved_cache_dir
+    key = _key(cfg)
+    with _SFT_LOCK:
+        if key in _SFT_MEM:
+            return _SFT_MEM[key]
+        path = pathlib.Path(resolved_cache_dir(cfg.data)) / "lookup_sft" / f"{key}.npz"
+        if path.exists():
+            flat = dict(np.load(path))
+            out = (_unflatten(flat, "p/"), _unflatten(flat, "b/"))
+        else:
+            t0 = time.monotonic()
+            out = sft_policy(cfg, train_tasks, cfg.rl.task.sft_steps)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{uuid.uuid4().hex[:6]}.npz")
+            np.savez(tmp, **_flatten(out[0], "p/"), **_flatten(out[1], "b/"))
+            tmp.replace(path)
+            print(f"rl.task=lookup: SFT warm start ({cfg.rl.task.sft_steps} steps) in "
+                  f"{time.monotonic() - t0:.0f}s, cached in {path}", flush=True)
+        _SFT_MEM[key] = out
+        return out
+
+
+def initial_model(cfg, train_tasks):
+    """A `cfg.model` holding the SFT policy's weights."""
+    from flax import nnx
+
+    from composer_jax.model import init_model
+    params, buffers = initial_weights(cfg, train_tasks)
+    model = init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
+    graphdef, p, b = nnx.split(model, nnx.Param, ...)
+    nnx.replace_by_pure_dict(p, params)
+    nnx.replace_by_pure_dict(b, buffers)
+    return nnx.merge(graphdef, p, b)
+
+
+def _flatten(tree, prefix: str) -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = np.asarray(v)
+    return out
+
+
+def _unflatten(flat: dict, prefix: str) -> dict:
+    out: dict = {}
+    for k, v in flat.items():
+        if not k.startswith(prefix):
+            continue
+        node = out
+        *parents, leaf = k[len(prefix):].split("/")
+        for p in parents:
+            node = node.setdefault(int(p) if p.isdigit() else p, {})
+        node[int(leaf) if leaf.isdigit() else leaf] = v
+    return out
