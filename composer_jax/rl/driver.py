@@ -237,7 +237,7 @@ class RLRun:
         if v > self.admission.version and self.inference.version() >= v:
             self.admission.advance(v)
         ev, last = self.evaluator, v == self.settings.steps
-        if ev.due(v) or (last and self.eval_tasks and v not in ev.scheduled):
+        if ev.due(v) or (last and ev.tasks and v not in ev.scheduled):
             self.pending.extendleft(reversed(ev.jobs(v, self.settings.seed + 7919 * v)))
 
     def evaluating(self) -> bool:
