@@ -8,7 +8,8 @@ client (`agent.policy_client`).
     agent.rollout        `Rollout` / `Segment`: exactly what the policy saw and sampled
     agent.summarize      self-summarization mechanics
     agent.policy_client  `PolicyClient`, `EngineClient`: an engine behind a policy server
-    agent.tasks          the registry of RL task families (`rl.task=NAME`) and their protocol
+    agent.tasks          the protocol of an RL task family (`rl.task=NAME`; the registry is
+                         `composer_jax.rl.tasks`)
 
 Import submodules directly (`from composer_jax.agent.token_agent import TokenAgent`).
 """

@@ -34,6 +34,8 @@ from typing import Callable
 
 from composer_jax.agent import summarize
 from composer_jax.agent.episode import initial_messages, run_loop
+from composer_jax.agent.rollout import (END_EPISODE, END_SUMMARIZED, Rollout, Segment,
+                                        SegmentBuilder)
 from composer_jax.config.env import EnvConfig
 from composer_jax.data import special_tokens as st
 from composer_jax.env import protocol
@@ -45,8 +47,6 @@ from composer_jax.env.workspace import open_workspace
 from composer_jax.errors import ConfigError
 from composer_jax.inference.params import SamplingParams
 from composer_jax.inference.requests import Completion
-from composer_jax.agent.rollout import (END_EPISODE, END_SUMMARIZED, Rollout, Segment,
-                                     SegmentBuilder)
 
 try:   # real token counts for the effort penalty (newer env.rewards)
     from composer_jax.env.rewards import EffortCounts

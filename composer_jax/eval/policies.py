@@ -24,8 +24,8 @@ import uuid
 import zlib
 from typing import Callable
 
-from composer_jax.env.agents import OracleAgent, null_agent
 from composer_jax.agent.episode import approx_tokens, run_episode
+from composer_jax.env.agents import OracleAgent, null_agent
 from composer_jax.env.protocol import render_prompt
 from composer_jax.env.tools import TOOL_SPECS
 from composer_jax.eval.episodes import EpisodeFacts, facts_from_episode, facts_from_rollout

@@ -304,7 +304,7 @@ class RLRun:
         if p.dropped_groups > self.admission.released:
             self.admission.release_to(p.dropped_groups)
         ev, last = self.evaluator, v == self.settings.steps
-        if ev.due(v) or (last and self.eval_tasks and v not in ev.scheduled):
+        if ev.due(v) or (last and ev.tasks and v not in ev.scheduled):
             self.pending.extendleft(reversed(ev.jobs(v, self.settings.seed + 7919 * v)))
 
     def evaluating(self) -> bool:

@@ -69,6 +69,24 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "flax")))
                                 "lookup 64 16", "[]"]
 
 
+def test_coding_family_worker_side_builds_without_jax(tmp_path):
+    """The coding family's env side (pool, tokenizer, token-level agent) builds where JAX is
+    unimportable, as a rollout worker process builds it."""
+    sys.path.insert(0, str(ROOT / "tests" / "rl"))
+    from test_rl_coding import _setup
+    cfg, _ = _setup(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(cfg)))
+    out = _run_without_jax(f"""
+import json
+from composer_jax.rl.program import ProgramSpec, build_program
+program = build_program(ProgramSpec("composer_jax.rl.task_program:make",
+                                    {{"config": json.load(open({str(tmp_path / "config.json")!r}))}}))
+print(program.train_tasks(), program.eval_tasks(), type(program.family).__name__)
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "flax")))
+""")
+    assert out.splitlines() == ["['t1'] [] CodingFamily", "[]"]
+
+
 def test_registry_names_builtins_and_loads_a_plugin_by_module_path():
     from composer_jax.rl import tasks
     assert {"parity", "coding", "lookup"} <= set(tasks.names())
