@@ -46,7 +46,8 @@ def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
     ax.set_ylabel("reward / rate")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"{run}: reward per version")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     paths.append(_save(fig, out / "reward.png"))
 
@@ -60,7 +61,8 @@ def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
     ax.set_title(f"{run}: staleness of trained rollouts")
     paths.append(_save(fig, out / "staleness.png"))
 
-    panels = [("rollouts_per_sec", "rollouts / s"), ("trained_tokens_per_sec", "trained tokens / s"),
+    panels = [("rollouts_per_sec", "rollouts / s (since start)"),
+              ("trained_tokens_per_sec", "trained tokens / s (step)"),
               ("trainer_idle_frac", "trainer idle fraction")]
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 7), sharex=True)
     for ax, (key, label) in zip(axes, panels):
@@ -95,7 +97,8 @@ def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
         for ax in (a, b):
             ax.set_xlabel("policy version")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
         paths.append(_save(fig, out / "behaviour.png"))
     return paths
 
