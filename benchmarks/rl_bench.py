@@ -48,7 +48,7 @@ def run_one(name: str, staleness: int, steps: int, overrides: list[str], workdir
     exp = registry.get("rl_async")
     cfg = apply_overrides(exp.make_config(), overrides + [f"rl.steps={steps}",
                                                           f"rl.max_staleness={staleness}",
-                                                          "rl.eval_every=0"], SECTION_PRESETS)
+                                                          "rl.job.eval_every=0"], SECTION_PRESETS)
     t0 = time.time()
     summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg, progress=False),
                      make_store(cfg))
@@ -151,7 +151,7 @@ def main() -> None:
             f"env LATENCY MODEL: per-episode env time = {args.latency_scale} x a measured sandbox "
             f"episode (n={lat['n']}; mean {lat['mean_s']:.3f} s, median {lat['median_s']:.3f} s, "
             f"p90 {lat['p90_s']:.3f} s, max {lat['max_s']:.3f} s)",
-            [f"rl.env_latency_scale={args.latency_scale}"]))
+            [f"rl.task.env_latency_scale={args.latency_scale}"]))
     load0 = os.getloadavg()[0]
     pairs = []
     # order sync, async, async, sync, ... (ABBA): a machine whose load drifts during the bench

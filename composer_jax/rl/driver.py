@@ -33,50 +33,16 @@ import sys
 import threading
 import time
 
+from composer_jax.agent.rollout import Rollout, atomic_write_bytes
 from composer_jax.errors import ConfigError
 from composer_jax.rl.admission import AdmissionControl
+from composer_jax.rl.backend import Backend, make_backend
+from composer_jax.rl.evaluators import CheckpointEvaluator, EvaluatorService
+from composer_jax.rl.jobs import EVAL, Job
 from composer_jax.rl.program import ProgramSpec, build_program
-from composer_jax.rl.rollout import Rollout, atomic_write_bytes
-from composer_jax.rl.services import (EVAL, CheckpointEvaluator, EvaluatorService,
-                                      InferenceService, Job, TrainerService)
-from composer_jax.rl.stream import RolloutLog, RolloutStream, group_name, sample_index
-
-
-@dataclasses.dataclass(frozen=True)
-class DriverSettings:
-    group_size: int = 4               # G
-    batch_groups: int = 2             # B
-    max_staleness: int = 2            # S (0 = synchronous)
-    steps: int = 10                   # trainer versions to reach
-    checkpoint_every: int = 1
-    eval_every: int = 0               # 0: no held-out evaluation
-    num_workers: int = 4
-    worker_mode: str = "thread"       # "thread" | "process" (local backend)
-    backend: str = "local"            # "local" | "ray"
-    ray_address: str = ""             # "" starts a local Ray cluster inside the run
-    seed: int = 0
-    progress: bool = True
-    weight_poll_s: float = 0.05
-
-    def __post_init__(self):
-        if self.worker_mode not in ("thread", "process"):
-            raise ConfigError(f"rl.worker_mode must be 'thread' or 'process', got {self.worker_mode!r}")
-        if self.backend not in ("local", "ray"):
-            raise ConfigError(f"rl.backend must be 'local' or 'ray', got {self.backend!r}")
-        for name in ("group_size", "batch_groups", "steps", "checkpoint_every", "num_workers"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
-
-
-def settings_from_config(cfg, progress: bool = True) -> DriverSettings:
-    """The driver's settings from a Config's `rl` section (and its seed)."""
-    rl = cfg.rl
-    return DriverSettings(group_size=rl.group_size, batch_groups=rl.batch_groups,
-                          max_staleness=rl.max_staleness, steps=rl.steps,
-                          checkpoint_every=rl.checkpoint_every, eval_every=rl.eval_every,
-                          num_workers=rl.num_rollout_workers, worker_mode=rl.worker_mode.value,
-                          backend=rl.backend.value, ray_address=rl.ray_address, seed=cfg.seed,
-                          progress=progress)
+from composer_jax.rl.settings import DriverSettings, settings_from_config  # noqa: F401  (old path)
+from composer_jax.rl.stream import RolloutLog, RolloutStream, group_name
+from composer_jax.rl.trainer import TrainerService, TrainerStart
 
 
 def task_for_group(tasks: list[str], index: int, seed: int) -> str:
@@ -90,6 +56,93 @@ def task_for_group(tasks: list[str], index: int, seed: int) -> str:
 
 def job_seed(seed: int, index: int, sample: int) -> int:
     return (seed * 1_000_003 + index * 1_009 + sample) % (2**31 - 1)
+
+
+def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
+           stop_event: threading.Event | None = None, eval_fn=None,
+           backend: Backend | None = None) -> dict:
+    """Runs (or resumes) an RL run until the trainer reaches `settings.steps` (module docstring).
+    `store` is the weight store (publish/fetch/latest) shared by trainer and inference; `backend`
+    builds the inference service and the worker pool (default: `make_backend(settings)`).
+    `eval_fn(model, version) -> dict`: when given (and eval_every > 0), the checkpoint evaluator
+    scores every eval_every-th version and the last with it (e.g. the eval suite's runner);
+    otherwise the program's own held-out tasks are run as greedy episodes. A finished run returns
+    its rl_summary.json with `already_finished` set, writing nothing."""
+    done_at = finished_version(workdir, settings.steps)
+    if done_at is not None:
+        path = pathlib.Path(workdir) / "rl_summary.json"
+        summary = json.loads(path.read_text()) if path.exists() else {"version": done_at}
+        return {**summary, "already_finished": True, "version": done_at}
+    run = RLRun(spec, pathlib.Path(workdir), settings, store, eval_fn,
+                backend if backend is not None else make_backend(settings))
+    try:
+        while True:
+            p = run.trainer.progress
+            if p.error is not None:
+                raise p.error
+            if stop_event is not None and stop_event.is_set():
+                run.stopped_by = getattr(stop_event, "signal_name", "") or "stop request"
+                break
+            run.follow(p.version)           # admission and held-out evaluation follow the trainer
+            if p.done and not run.evaluating():
+                break
+            run.start_groups()
+            run.dispatch()
+            run.collect(tick_s=0.01)        # short: a loaded version is noticed within 10 ms
+            run.report(p)
+    finally:
+        run.close()
+    return summarize(run)
+
+
+@dataclasses.dataclass
+class Resumed:
+    """Where a run starts (`resume`): learner state and version, the groups already trained on,
+    episodes to (re)run, the next group index, groups started so far, rollouts re-admitted."""
+    state: object
+    version: int
+    consumed: set
+    pending: collections.deque
+    next_index: int
+    started: int
+    readmitted: int
+    restored: bool
+    totals: dict          # the run's running totals at the checkpoint (RLCheckpointer.save)
+
+
+def resume(learner, ckpt, log: RolloutLog, stream: RolloutStream,
+           settings: DriverSettings) -> Resumed:
+    """The newest RL checkpoint (or a fresh learner state); every admitted group that is not
+    consumed is re-opened, its finished rollouts re-admitted from the log and its missing samples
+    queued again (same rollout ids); the consumed log is truncated to the checkpoint."""
+    restored = ckpt.restore_latest(learner.state_template()) if ckpt.manager.all_steps() else None
+    if restored is None:
+        state, version, consumed, totals = learner.init_state(), 0, set(), {}
+    else:
+        state, meta = restored
+        version, consumed = int(meta["version"]), set(meta["consumed_groups"])
+        totals = meta.get("totals", {})
+    log.truncate_consumed(version)
+    admitted, logged = log.admitted(), log.scan()
+    by_group = collections.defaultdict(list)
+    for r in logged:                       # a group with a finished sample was started
+        admitted.setdefault(r.group_id, {"group_id": r.group_id, "task_id": r.task_id,
+                                         "index": int(r.group_id[1:])})
+        by_group[r.group_id].append(r)
+    pending: collections.deque[Job] = collections.deque()
+    readmitted = 0
+    for gid, row in sorted(admitted.items()):
+        if gid in consumed:
+            continue
+        stream.open_group(gid, row["task_id"])
+        for lr in by_group.get(gid, []):
+            stream.restore(Rollout.load(lr.path))
+            readmitted += 1
+        for s in stream.missing(gid):
+            pending.append(Job(gid, s, row["task_id"], job_seed(settings.seed, row["index"], s)))
+    next_index = 1 + max([row["index"] for row in admitted.values()], default=-1)
+    return Resumed(state, version, consumed, pending, next_index,
+                   len(set(admitted) | consumed), readmitted, restored is not None, totals)
 
 
 class _Metrics:
@@ -116,13 +169,206 @@ class _Metrics:
         self.writer.close()
 
 
-def _make_pool(settings: DriverSettings, spec: ProgramSpec, inference):
-    if settings.backend == "ray":
-        from composer_jax.rl.backend_ray import RayPool
-        return RayPool(spec, inference, settings.num_workers)
-    from composer_jax.rl.backend_local import ProcessPool, ThreadPool
-    cls = ProcessPool if settings.worker_mode == "process" else ThreadPool
-    return cls(spec, inference, settings.num_workers)
+class RLRun:
+    """One run's services and bookkeeping; `run_rl` drives it. Built in this order: the program,
+    rollout log and stream, admission control, checkpointer, learner, `resume`, the trainer (and
+    its first publish), the inference service, the evaluators, the worker pool."""
+
+    def __init__(self, spec: ProgramSpec, workdir: pathlib.Path, settings: DriverSettings, store,
+                 eval_fn, backend: Backend):
+        from composer_jax.rl.checkpoint import RLCheckpointer
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.spec, self.workdir, self.settings = spec, workdir, settings
+        program = build_program(spec)
+        self.train_tasks, self.eval_tasks = list(program.train_tasks()), list(program.eval_tasks())
+        if not self.train_tasks:
+            raise ConfigError("the RL program has no training tasks")
+        self.log = RolloutLog(workdir / "rollouts")
+        self.stream = RolloutStream(self.log, settings.group_size)
+        self.admission = AdmissionControl(settings.batch_groups, settings.max_staleness)
+        cfg_dict = spec.kwargs.get("config") or {}
+        self.ckpt = RLCheckpointer(workdir / "checkpoints", meta=(
+            {"model": cfg_dict["model"], "seed": cfg_dict.get("seed", settings.seed)}
+            if "model" in cfg_dict else None))
+        self.learner = program.make_learner()
+        self.start = resume(self.learner, self.ckpt, self.log, self.stream, settings)
+        self.metrics = _Metrics(workdir, resume_from=self.start.version)
+        self.stopped_by = ""
+        self._resumed_message()
+        self.pending, self.next_index = self.start.pending, self.start.next_index
+        self.admission.started = self.start.started
+        self.admission.advance(self.start.version)
+        self.t_start, self.put_at_start = time.monotonic(), self.stream.num_put
+        self._start_services(program, store, eval_fn, backend)
+
+    def _resumed_message(self) -> None:
+        s = self.start
+        if s.restored or s.readmitted:
+            print(f"resumed at version {s.version}: {len(s.consumed)} groups consumed, "
+                  f"{s.readmitted} finished rollouts re-admitted, {len(s.pending)} episodes to "
+                  f"(re)run", file=sys.stderr)
+
+    def _start_services(self, program, store, eval_fn, backend: Backend) -> None:
+        st, settings = self.start, self.settings
+        self.ckpt_eval = None
+        if eval_fn is not None and settings.eval_every > 0:
+            self.ckpt_eval = CheckpointEvaluator(eval_fn, settings.eval_every, self.metrics,
+                                                 settings.steps)
+        self.inference = None
+        self.trainer = TrainerService(
+            self.learner, self.stream, store, self.log, self,
+            TrainerStart(st.state, st.version, frozenset(st.consumed)),
+            batch_groups=settings.batch_groups, total_steps=settings.steps,
+            checkpoint_every=settings.checkpoint_every)
+        if store.latest() != st.version:
+            self.trainer.publish_current()
+        self.inference = backend.make_inference(self.spec, store)
+        self.evaluator = EvaluatorService(self.eval_tasks if self.ckpt_eval is None else [],
+                                          settings.eval_every, self.metrics,
+                                          getattr(program, "eval_name", "heldout_parity"))
+        self._evaluate_checkpoint(st.version, self.trainer.state)   # the starting policy
+        self.pool = backend.make_pool(self.spec, self.inference)
+        self.bar = _progress(settings, st.version)
+        self.pids_written: list[int] = []
+        self.trainer.start()
+
+    # ---------------------------------------------------------------- TrainerHooks
+
+    def checkpoint(self, version: int, state, consumed_groups: set) -> None:
+        self.ckpt.save(version, state, consumed_groups, self.admission.started, self.totals())
+
+    def totals(self) -> dict:
+        """The whole run's totals so far: the restored checkpoint's plus this segment's."""
+        p, prior = self.trainer.progress, self.start.totals
+        hist = collections.Counter({int(k): v for k, v in prior.get("staleness_hist", {}).items()})
+        hist.update(self.trainer.staleness_hist)
+        return {"elapsed_s": prior.get("elapsed_s", 0.0) + time.monotonic() - self.t_start,
+                "rollouts_trained": prior.get("rollouts_trained", 0) + p.rollouts_trained,
+                "tokens_trained": prior.get("tokens_trained", 0) + p.tokens_trained,
+                "trainer_wait_s": prior.get("trainer_wait_s", 0.0) + p.wait_s,
+                "trainer_busy_s": prior.get("trainer_busy_s", 0.0) + p.busy_s,
+                "staleness_hist": {str(k): v for k, v in sorted(hist.items())}}
+
+    def log_metrics(self, version: int, row: dict) -> None:
+        self.metrics(version, row)
+
+    def rollouts_per_sec(self) -> float:
+        return (self.stream.num_put - self.put_at_start) / max(time.monotonic() - self.t_start, 1e-9)
+
+    def on_version(self, version: int, state) -> None:
+        wake = getattr(self.inference, "wake", None)
+        if wake is not None:
+            wake()                          # the inference service loads it now, not at a poll
+        self._evaluate_checkpoint(version, state)
+
+    def _evaluate_checkpoint(self, version: int, state) -> None:
+        if self.ckpt_eval is not None and self.ckpt_eval.due(version):
+            self.ckpt_eval.submit(version, self.learner.eval_model(state))
+
+    # ---------------------------------------------------------------- one tick of the loop
+
+    def follow(self, v: int) -> None:
+        """Admission counts the version new episodes will sample with: the trainer's, once the
+        inference service has loaded it (so S = 0 is exactly synchronous); held-out episodes of
+        every eval_every-th version (and the last) go to the front of the queue."""
+        if v > self.admission.version and self.inference.version() >= v:
+            self.admission.advance(v)
+        ev, last = self.evaluator, v == self.settings.steps
+        if ev.due(v) or (last and ev.tasks and v not in ev.scheduled):
+            self.pending.extendleft(reversed(ev.jobs(v, self.settings.seed + 7919 * v)))
+
+    def evaluating(self) -> bool:
+        return (self.evaluator.busy() or any(j.kind == EVAL for j in self.pending)
+                or (self.ckpt_eval is not None and self.ckpt_eval.busy()))
+
+    def start_groups(self) -> None:
+        """Opens new groups while admission control allows (G episodes each)."""
+        s = self.settings
+        while self.admission.can_start() and self.admission.started < s.steps * s.batch_groups:
+            i, gid = self.next_index, group_name(self.next_index)
+            task = task_for_group(self.train_tasks, i, s.seed)
+            self.log.append_admitted(gid, task, i)
+            self.stream.open_group(gid, task)
+            self.admission.start()
+            self.pending.extend(Job(gid, k, task, job_seed(s.seed, i, k))
+                                for k in range(s.group_size))
+            self.next_index += 1
+
+    def dispatch(self) -> None:
+        for _ in range(min(self.pool.num_idle(), len(self.pending))):
+            self.pool.submit(self.pending.popleft())
+
+    def collect(self, tick_s: float) -> None:
+        """Finished episodes: training rollouts into the stream, held-out ones to the evaluator,
+        the episode of a worker that died back to the front of the queue."""
+        for job, rollout in self.pool.results(tick_s):
+            if rollout is None:
+                _warn(self.bar, f"warning: rollout worker died running {job.rollout_id}; "
+                                f"replaced, episode requeued")
+                self.pending.appendleft(job)
+            elif job.kind == EVAL:
+                self.evaluator.record(job, rollout)
+            else:
+                if rollout.error is not None:
+                    _warn(self.bar, f"warning: episode {rollout.rollout_id} on "
+                                    f"{rollout.task_id} failed: {rollout.error}")
+                self.stream.put(rollout)
+
+    def report(self, p) -> None:
+        """workers.json (live worker pids) when it changed, and the progress bar."""
+        pids = self.pool.worker_pids()
+        if pids != self.pids_written:
+            atomic_write_bytes(self.workdir / "workers.json", json.dumps(
+                {"pids": pids, "restarts": self.pool.restarts}).encode())
+            self.pids_written = pids
+        _update(self.bar, self.stream, self.metrics)
+
+    def close(self) -> None:
+        self.trainer.stop()
+        self.trainer.join(timeout=600)       # a step in progress finishes (and logs its row)
+        p = self.trainer.progress
+        if self.stopped_by and p.error is None and p.version not in self.ckpt.manager.all_steps():
+            self.checkpoint(p.version, self.trainer.state, p.consumed_groups)
+        self.pool.close()
+        self.inference_stats = self.inference.stats()
+        self.inference.stop()
+        self.ckpt.close()
+        self.metrics.close()
+        if self.bar is not None:
+            self.bar.close()
+        self.elapsed_s = time.monotonic() - self.t_start
+        self.final_totals = self.totals()
+
+
+def summarize(run: RLRun) -> dict:
+    """The whole run's summary (every resumed segment; `segment`: this process's part), also
+    written to WORKDIR/rl_summary.json."""
+    p, elapsed, tot = run.trainer.progress, run.elapsed_s, run.final_totals
+    finished = len(run.log.scan())       # every rollout the run finished (the log, all segments)
+    evals = _eval_rows(run.workdir)
+    evals.update({str(k): v for k, v in {**run.evaluator.results, **(
+        run.ckpt_eval.results if run.ckpt_eval else {})}.items()})
+    summary = {
+        "version": p.version, "steps": run.settings.steps,
+        "finished": p.version >= run.settings.steps, "stopped_by": run.stopped_by,
+        "rollouts_finished": finished,
+        "rollouts_trained": tot["rollouts_trained"], "tokens_trained": tot["tokens_trained"],
+        "error_rollouts": run.stream.num_errors, "worker_restarts": run.pool.restarts,
+        "elapsed_s": tot["elapsed_s"], "rollouts_per_sec": finished / max(tot["elapsed_s"], 1e-9),
+        "trained_tokens_per_sec": tot["tokens_trained"] / max(tot["elapsed_s"], 1e-9),
+        "trainer_idle_frac": tot["trainer_wait_s"] / max(tot["trainer_wait_s"]
+                                                         + tot["trainer_busy_s"], 1e-9),
+        "staleness_hist": tot["staleness_hist"],
+        "eval": dict(sorted(evals.items(), key=lambda kv: int(kv[0]))),
+        "eval_source": ("eval suite (checkpoint evaluator)" if run.ckpt_eval is not None else
+                        "held-out tasks of the program (parity: held-out parity tasks)"),
+        "inference": run.inference_stats,
+        "resumed_from": run.start.version, "readmitted": run.start.readmitted,
+        "segment": {"elapsed_s": elapsed, "rollouts_finished": run.stream.num_put - run.put_at_start,
+                    "rollouts_trained": p.rollouts_trained},
+    }
+    atomic_write_bytes(run.workdir / "rl_summary.json", json.dumps(summary, indent=1).encode())
+    return summary
 
 
 def finished_version(workdir, steps: int) -> int | None:
@@ -138,224 +384,6 @@ def _warn(bar, message: str) -> None:
         bar.write(message, file=sys.stderr)
     else:
         print(message, file=sys.stderr)
-
-
-def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
-           stop_event: threading.Event | None = None, eval_fn=None) -> dict:
-    """Runs (or resumes) an RL run until the trainer reaches `settings.steps` (module docstring).
-    A finished run returns its rl_summary.json with `already_finished` set, writing nothing.
-    `store` is the weight store (publish/fetch/latest) shared by trainer and inference.
-    `eval_fn(model, version) -> dict`: when given (and rl.eval_every > 0), the checkpoint evaluator
-    scores every eval_every-th version and the last with it (e.g. the eval suite's runner);
-    otherwise the program's own held-out tasks are run as greedy episodes."""
-    from composer_jax.rl.checkpoint import RLCheckpointer
-
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    done_at = finished_version(workdir, settings.steps)
-    if done_at is not None:
-        path = workdir / "rl_summary.json"
-        summary = json.loads(path.read_text()) if path.exists() else {"version": done_at}
-        return {**summary, "already_finished": True, "version": done_at}
-    program = build_program(spec)
-    train_tasks, eval_tasks = list(program.train_tasks()), list(program.eval_tasks())
-    if not train_tasks:
-        raise ConfigError("the RL program has no training tasks")
-    log = RolloutLog(workdir / "rollouts")
-    stream = RolloutStream(log, settings.group_size)
-    admission = AdmissionControl(settings.batch_groups, settings.max_staleness)
-    cfg_dict = spec.kwargs.get("config") or {}
-    ckpt = RLCheckpointer(workdir / "checkpoints", meta=(
-        {"model": cfg_dict["model"], "seed": cfg_dict.get("seed", settings.seed)}
-        if "model" in cfg_dict else None))
-    learner = program.make_learner()
-
-    # ---- resume
-    restored = ckpt.restore_latest(learner.state_template()) if ckpt.manager.all_steps() else None
-    if restored is None:
-        state, version, consumed, prior = learner.init_state(), 0, set(), {}
-    else:
-        state, meta = restored
-        version, consumed = int(meta["version"]), set(meta["consumed_groups"])
-        prior = meta.get("totals", {})
-    metrics = _Metrics(workdir, resume_from=version)
-    log.truncate_consumed(version)
-    admitted = log.admitted()
-    logged = log.scan()
-    for r in logged:                       # a group with a finished sample was started
-        admitted.setdefault(r.group_id, {"group_id": r.group_id, "task_id": r.task_id,
-                                         "index": int(r.group_id[1:])})
-    pending: collections.deque[Job] = collections.deque()
-    by_group = collections.defaultdict(list)
-    for r in logged:
-        by_group[r.group_id].append(r)
-    readmitted = 0
-    for gid, row in sorted(admitted.items()):
-        if gid in consumed:
-            continue
-        stream.open_group(gid, row["task_id"])
-        for lr in by_group.get(gid, []):
-            stream.restore(Rollout.load(lr.path))
-            readmitted += 1
-        for s in stream.missing(gid):
-            pending.append(Job(gid, s, row["task_id"], job_seed(settings.seed, row["index"], s)))
-    admission.started = len(set(admitted) | consumed)
-    admission.advance(version)
-    next_index = 1 + max([row["index"] for row in admitted.values()], default=-1)
-    if restored is not None or readmitted:
-        print(f"resumed at version {version}: {len(consumed)} groups consumed, {readmitted} "
-              f"finished rollouts re-admitted, {len(pending)} episodes to (re)run",
-              file=sys.stderr)
-
-    t_start = time.monotonic()
-    put_at_start = stream.num_put
-
-    def rollouts_per_sec() -> float:
-        return (stream.num_put - put_at_start) / max(time.monotonic() - t_start, 1e-9)
-
-    def totals() -> dict:
-        """The whole run's totals so far: the restored checkpoint's plus this segment's."""
-        p = trainer.progress
-        hist = collections.Counter({int(k): v for k, v in prior.get("staleness_hist", {}).items()})
-        hist.update(trainer.staleness_hist)
-        return {"elapsed_s": prior.get("elapsed_s", 0.0) + time.monotonic() - t_start,
-                "rollouts_trained": prior.get("rollouts_trained", 0) + p.rollouts_trained,
-                "tokens_trained": prior.get("tokens_trained", 0) + p.tokens_trained,
-                "trainer_wait_s": prior.get("trainer_wait_s", 0.0) + p.wait_s,
-                "trainer_busy_s": prior.get("trainer_busy_s", 0.0) + p.busy_s,
-                "staleness_hist": {str(k): v for k, v in sorted(hist.items())}}
-
-    def checkpoint(v, st, groups):
-        ckpt.save(v, st, groups, admission.started, totals())
-
-    ckpt_eval = None
-    if eval_fn is not None and settings.eval_every > 0:
-        ckpt_eval = CheckpointEvaluator(eval_fn, settings.eval_every, metrics, settings.steps)
-
-    def on_step(v, st):
-        if ckpt_eval is not None and ckpt_eval.due(v):
-            ckpt_eval.submit(v, learner.eval_model(st))
-
-    trainer = TrainerService(learner, stream, store, log, batch_groups=settings.batch_groups,
-                             total_steps=settings.steps, checkpoint_every=settings.checkpoint_every,
-                             state=state, version=version, consumed_groups=consumed,
-                             checkpoint=checkpoint, log_metrics=metrics,
-                             rollouts_per_sec=rollouts_per_sec,
-                             on_publish=lambda: wake_inference(), on_step=on_step)
-    if store.latest() != version:
-        trainer.publish_current()
-    inference = _make_inference(settings, spec, store)
-    wake_inference = getattr(inference, "wake", lambda: None)
-    evaluator = EvaluatorService(eval_tasks if ckpt_eval is None else [], settings.eval_every,
-                                 metrics)
-    on_step(version, trainer.state)        # the starting policy (version 0 or the restored one)
-    pool = _make_pool(settings, spec, inference)
-    bar = _progress(settings, version)
-    trainer.start()
-    total_groups = settings.steps * settings.batch_groups
-    pids_written: list[int] = []
-    stopped = False
-    try:
-        while True:
-            p = trainer.progress
-            if p.error is not None:
-                raise p.error
-            if stop_event is not None and stop_event.is_set():
-                stopped = True
-                break
-            v = p.version
-            # admission counts the version new episodes will sample with: the trainer's, once the
-            # inference service has loaded it (so S = 0 is exactly synchronous)
-            if v > admission.version and inference.version() >= v:
-                admission.advance(v)
-            if evaluator.due(v) or (v == settings.steps and eval_tasks and
-                                    v not in evaluator.scheduled):
-                pending.extendleft(reversed(evaluator.jobs(v, settings.seed + 7919 * v)))
-            if (p.done and not evaluator.busy() and not any(j.kind == EVAL for j in pending)
-                    and (ckpt_eval is None or not ckpt_eval.busy())):
-                break
-            while admission.can_start() and admission.started < total_groups:
-                gid = group_name(next_index)
-                task = task_for_group(train_tasks, next_index, settings.seed)
-                log.append_admitted(gid, task, next_index)
-                stream.open_group(gid, task)
-                admission.start()
-                pending.extend(Job(gid, s, task, job_seed(settings.seed, next_index, s))
-                               for s in range(settings.group_size))
-                next_index += 1
-            for _ in range(min(pool.num_idle(), len(pending))):
-                pool.submit(pending.popleft())
-            # a short tick: the loop also notices a loaded version (admission) within 10 ms
-            for job, rollout in pool.results(0.01):
-                if rollout is None:          # the worker died mid-episode: run it again
-                    _warn(bar, f"warning: rollout worker died running {job.rollout_id}; "
-                               f"replaced, episode requeued")
-                    pending.appendleft(job)
-                elif job.kind == EVAL:
-                    evaluator.record(job, rollout)
-                else:
-                    if rollout.error is not None:
-                        _warn(bar, f"warning: episode {rollout.rollout_id} on {rollout.task_id} "
-                                   f"failed: {rollout.error}")
-                    stream.put(rollout)
-            pids = pool.worker_pids()
-            if pids != pids_written:
-                atomic_write_bytes(workdir / "workers.json", json.dumps(
-                    {"pids": pids, "restarts": pool.restarts}).encode())
-                pids_written = pids
-            _update(bar, stream, metrics)
-    finally:
-        trainer.stop()
-        trainer.join(timeout=600)       # a step in progress finishes (and logs its row)
-        p = trainer.progress
-        if stopped and p.error is None and p.version not in ckpt.manager.all_steps():
-            checkpoint(p.version, trainer.state, p.consumed_groups)
-        pool.close()
-        inference_stats = inference.stats()
-        inference.stop()
-        ckpt.close()
-        metrics.close()
-        if bar is not None:
-            bar.close()
-    p = trainer.progress
-    elapsed = time.monotonic() - t_start
-    tot = totals()
-    finished = len(log.scan())           # every rollout the run finished (the log, all segments)
-    evals = _eval_rows(workdir)
-    evals.update({str(k): v for k, v in {**evaluator.results, **(
-        ckpt_eval.results if ckpt_eval is not None else {})}.items()})
-    summary = {
-        "version": p.version, "steps": settings.steps, "finished": p.version >= settings.steps,
-        "stopped_by": (getattr(stop_event, "signal_name", "") or "stop request") if stopped else "",
-        "rollouts_finished": finished,
-        "rollouts_trained": tot["rollouts_trained"], "tokens_trained": tot["tokens_trained"],
-        "error_rollouts": stream.num_errors, "worker_restarts": pool.restarts,
-        "elapsed_s": tot["elapsed_s"], "rollouts_per_sec": finished / max(tot["elapsed_s"], 1e-9),
-        "trained_tokens_per_sec": tot["tokens_trained"] / max(tot["elapsed_s"], 1e-9),
-        "trainer_idle_frac": tot["trainer_wait_s"] / max(tot["trainer_wait_s"]
-                                                         + tot["trainer_busy_s"], 1e-9),
-        "staleness_hist": tot["staleness_hist"],
-        "eval": dict(sorted(evals.items(), key=lambda kv: int(kv[0]))),
-        "eval_source": ("eval suite (checkpoint evaluator)" if ckpt_eval is not None else
-                        "held-out tasks of the program (parity: held-out parity tasks)"),
-        "inference": inference_stats,
-        "resumed_from": version, "readmitted": readmitted,
-        "segment": {"elapsed_s": elapsed, "rollouts_finished": stream.num_put - put_at_start,
-                    "rollouts_trained": p.rollouts_trained},
-    }
-    atomic_write_bytes(workdir / "rl_summary.json", json.dumps(summary, indent=1).encode())
-    return summary
-
-
-def _make_inference(settings: DriverSettings, spec: ProgramSpec, store):
-    if settings.backend == "ray":
-        from composer_jax.rl.backend_ray import RayInference
-        inf = RayInference(spec, store, settings)
-    else:
-        inf = InferenceService(build_program(spec), store, settings.weight_poll_s)
-    inf.wait_for_weights()
-    inf.start()
-    return inf
 
 
 def _eval_rows(workdir: pathlib.Path) -> dict:
