@@ -18,6 +18,7 @@ config.json, metrics.jsonl, tb/, rollouts/ (the rollout log), checkpoints/, plot
 tokenizer.json and prompts.json (so `eval` / `generate` read the run like any other). Rerunning the
 same command resumes from the newest checkpoint; a finished run says so and changes nothing.
 SIGTERM / SIGINT finish the current step, checkpoint, write plots and the summary, and exit 0.
+The run's length is rl.steps (train.steps is not read: setting it is an error).
 """
 from __future__ import annotations
 

@@ -357,7 +357,7 @@ class RLRun:
         """Stops every service; a stopped run first checkpoints the version it reached (the
         trainer finishes the step in progress and logs its row)."""
         self.trainer.stop()
-        self.trainer.join(timeout=600)
+        self.trainer.join(timeout=600)       # a step in progress finishes (and logs its row)
         p = self.trainer.progress
         if self.stopped_by and p.error is None and p.version not in self.ckpt.manager.all_steps():
             self.checkpoint(p.version, self.trainer.state, p.consumed_groups)
@@ -369,12 +369,13 @@ class RLRun:
         if self.bar is not None:
             self.bar.close()
         self.elapsed_s = time.monotonic() - self.t_start
+        self.final_totals = self.totals()
 
 
 def summarize(run: RLRun) -> dict:
     """The whole run's summary (the checkpointed totals of earlier segments included), also
     written to WORKDIR/rl_summary.json; `segment` holds this process's part."""
-    p, tot, settings = run.trainer.progress, run.totals(), run.settings
+    p, tot, settings = run.trainer.progress, run.final_totals, run.settings
     finished = len(run.log.scan())      # every rollout the run finished (the log, all segments)
     evals = _eval_rows(run.workdir)
     evals.update({str(k): v for k, v in {**run.evaluator.results, **(

@@ -7,6 +7,9 @@
                          one panel each (their scales differ by orders of magnitude)
   plots/behaviour.png    tool-using episodes only (rl.task=coding): valid-call rate, tool calls,
                          invalid calls, turns per episode, the effort x and the resolved rates
+
+Every plot is titled with the run's name, each measured point is marked (held-out evaluations are
+points at the versions evaluated, never joined as if measured in between).
 """
 from __future__ import annotations
 
@@ -14,9 +17,6 @@ import pathlib
 
 
 def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
-    """Writes the plots of the module docstring; every axis titled, each measured point marked
-    (held-out evaluations are points at the versions evaluated, never joined as if measured in
-    between), quantities of different scales on their own axes."""
     import matplotlib
     matplotlib.use("Agg")
     from composer_jax.runlog import read_metrics
@@ -33,6 +33,18 @@ def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
     return paths + ([behaviour] if behaviour is not None else [])
 
 
+def _eval_points(ax, rows, label: str) -> None:
+    from composer_jax.runlog import metric_series
+    x, y = metric_series(rows, "eval_resolved_rate")
+    if x:
+        ax.scatter(x, y, marker="D", s=36, color="black", zorder=3, label=label)
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
 def _reward(rows, summary: dict, run: str, path: pathlib.Path) -> pathlib.Path:
     import matplotlib.pyplot as plt
     from composer_jax.runlog import metric_series
@@ -42,17 +54,14 @@ def _reward(rows, summary: dict, run: str, path: pathlib.Path) -> pathlib.Path:
         x, y = metric_series(rows, key)
         if x:
             ax.plot(x, y, marker=".", markersize=3, linewidth=1, label=label)
-    x, y = metric_series(rows, "eval_resolved_rate")
-    if x:
-        src = ("eval suite" if summary.get("eval_source", "").startswith("eval suite")
-               else "held-out program tasks")
-        ax.scatter(x, y, marker="D", s=36, color="black", zorder=3,
-                   label=f"held-out resolved ({src}), evaluated versions")
+    src = ("eval suite" if summary.get("eval_source", "").startswith("eval suite")
+           else "held-out program tasks")
+    _eval_points(ax, rows, f"held-out resolved ({src}), evaluated versions")
     ax.set_xlabel("policy version")
     ax.set_ylabel("reward / rate")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"{run}: reward per version")
-    ax.legend(fontsize=8)
+    _legend(ax)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -73,7 +82,8 @@ def _staleness(summary: dict, run: str, path: pathlib.Path) -> pathlib.Path:
 def _throughput(rows, run: str, path: pathlib.Path) -> pathlib.Path:
     import matplotlib.pyplot as plt
     from composer_jax.runlog import metric_series
-    panels = [("rollouts_per_sec", "rollouts / s"), ("trained_tokens_per_sec", "trained tokens / s"),
+    panels = [("rollouts_per_sec", "rollouts / s (since start)"),
+              ("trained_tokens_per_sec", "trained tokens / s (step)"),
               ("trainer_idle_frac", "trainer idle fraction")]
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 7), sharex=True)
     for ax, (key, label) in zip(axes, panels):
@@ -99,9 +109,7 @@ def _behaviour(rows, run: str, path: pathlib.Path) -> pathlib.Path | None:
         x, y = metric_series(rows, key)
         if x:
             a.plot(x, y, marker=".", label=key)
-    x, y = metric_series(rows, "eval_resolved_rate")
-    if x:
-        a.scatter(x, y, marker="D", color="black", zorder=3, label="eval_resolved_rate")
+    _eval_points(a, rows, "eval_resolved_rate")
     a.set_ylim(-0.05, 1.05)
     a.set_ylabel("rate")
     a.set_title(f"{run}: rates")
@@ -114,7 +122,7 @@ def _behaviour(rows, run: str, path: pathlib.Path) -> pathlib.Path | None:
     for ax in (a, b):
         ax.set_xlabel("policy version")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
     return _save(fig, path)
 
 
