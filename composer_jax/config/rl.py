@@ -77,6 +77,7 @@ class RLConfig:
     max_turns: int = 4                  # tasks=lookup: assistant turns per episode
     lookup_levels: tuple[str, ...] = ("easy",)     # tasks=lookup: easy (read, finish) / hard (read x2)
     lookup_sft_steps: int = 40          # tasks=lookup: SFT steps of the initial policy (0 = fresh)
+    lookup_sft_hasty: float = 0.5       # tasks=lookup: fraction of SFT demos that guess without reading
     lookup_length_weights: tuple[float, ...] = (1.0, 0.0)  # length-term scale of (easy, hard)
 
     def __post_init__(self):
@@ -109,6 +110,8 @@ class RLConfig:
         _check(self.temperature >= 0, f"rl.temperature must be >= 0, got {self.temperature}")
         _check(self.env_latency_scale >= 0,
                f"rl.env_latency_scale must be >= 0 (0 = off), got {self.env_latency_scale}")
+        _check(0 <= self.lookup_sft_hasty <= 1,
+               f"rl.lookup_sft_hasty must be in [0, 1], got {self.lookup_sft_hasty}")
         _check(self.error_penalty >= 0, f"rl.error_penalty must be >= 0, got {self.error_penalty}")
         _check(self.max_turns >= 1 and self.lookup_sft_steps >= 0,
                f"rl.max_turns must be >= 1 and rl.lookup_sft_steps >= 0, got {self.max_turns}, "

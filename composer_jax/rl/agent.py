@@ -263,6 +263,8 @@ class TokenAgent:
                                 "content": result.output, "is_error": bool(result.is_error)})
                 if result.finished:
                     final, finished = result.output, True
+                    # the structured claim of success: finish's `success` argument
+                    ep.claimed = bool((call.arguments or {}).get("success", False))
                     break
             if finished:
                 stop = "finish"
@@ -356,6 +358,8 @@ class TokenAgent:
         params = inspect.signature(compute_reward).parameters
         if "tampered" in params:
             kw["tampered"] = bool(getattr(grade, "tampered", False))
+        if "claimed" in params:
+            kw["claimed"] = ep.claimed       # finish(success=...); False without a finish call
         if "counts" in params and EffortCounts is not None:
             final_tokens = len(self.tokenizer.encode(ep.final)) if ep.final.strip() else 0
             content = ep.content_tokens - (ep.last_content_tokens if ep.final_from_content else 0)
@@ -386,6 +390,7 @@ class _EpisodeState:
         self.final_from_content = False
         self.finish_reasons: list[str] = []
         self.stop, self.final = "crashed", ""
+        self.claimed = False
         self.info: dict = {}
 
     def count_turn(self, body: list[int], call_ids: set[int]) -> None:
@@ -399,7 +404,8 @@ class _EpisodeState:
                 **self.timing}
 
     def finish_info(self) -> dict:
-        info = {"stop_reason": self.stop, "final_message": self.final, "num_turns": self.turns,
+        info = {"stop_reason": self.stop, "final_message": self.final, "claimed": self.claimed,
+                "num_turns": self.turns,
                 "generated_tokens": self.generated, "num_summaries": self.summaries,
                 "finish_reasons": self.finish_reasons, **self.info}
         if self.messages:

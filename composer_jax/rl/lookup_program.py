@@ -187,9 +187,11 @@ def run_lookup_episode(engine, tokenizer, task: lt.LookupTask, *, max_turns: int
 # ------------------------------------------------------------------------------- initial policy
 
 
-def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed: int):
+def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed: int,
+                hasty: float = 0.0):
     """`steps` LM batches ([batch, seq_len], loss on assistant tokens) of demonstrations of
-    `tasks` (optimal episodes, random preambles), sampled with a seeded generator."""
+    `tasks` (`lookup_tasks.demonstration`: optimal episodes with random preambles, or with
+    probability `hasty` a guess without reading), sampled with a seeded generator."""
     from composer_jax.data.chat import encode_messages
     from composer_jax.data.targets import add_targets
     rng = random.Random(seed)
@@ -197,7 +199,7 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
         rows = {k: np.zeros((batch, seq_len), np.int32)
                 for k in ("tokens", "segment_ids", "positions", "trainable")}
         for i in range(batch):
-            ids, tr = encode_messages(tokenizer, lt.demonstration(rng.choice(tasks), rng))
+            ids, tr = encode_messages(tokenizer, lt.demonstration(rng.choice(tasks), rng, hasty))
             if len(ids) > seq_len:
                 raise ValueError(f"a demonstration of {len(ids)} tokens exceeds seq_len={seq_len}")
             t = len(ids)
@@ -223,10 +225,28 @@ def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
         cfg.train, lr=lr, warmup_steps=0, schedule=Schedule.CONSTANT, weight_decay=0.0,
         grad_clip=1.0, steps=steps, loss="lm"))
     fns, state = build(model, tcfg, loss="lm")
-    for b in sft_batches(lookup_tokenizer(cfg.model.vocab_size), train_tasks, steps=steps,
-                         batch=batch, seq_len=cfg.rl.seq_len, seed=cfg.seed):
+    tok = lookup_tokenizer(cfg.model.vocab_size)
+    for b in sft_batches(tok, train_tasks, steps=steps, batch=batch,
+                         seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len), seed=cfg.seed,
+                         hasty=cfg.rl.lookup_sft_hasty):
         state, _ = fns.train_step(state, b)
     return jax.device_get(state.params), jax.device_get(state.buffers)
+
+
+def sft_length(tokenizer, tasks, limit: int) -> int:
+    """The SFT row length: the longest demonstration of `tasks` (longest preamble), rounded up to
+    a multiple of 16, at most `limit` (shorter rows: a cheaper SFT step)."""
+    from composer_jax.data.chat import encode_messages
+
+    class _Longest(random.Random):
+        def choice(self, seq):
+            return max(seq, key=len)
+
+        def random(self):
+            return 1.0
+    longest = max(len(encode_messages(tokenizer, lt.demonstration(t, _Longest()))[0])
+                  for t in tasks)
+    return min(limit, -(-longest // 16) * 16)
 
 
 _SFT_LOCK = threading.Lock()
@@ -242,7 +262,7 @@ def initial_weights(cfg, train_tasks) -> tuple[dict, dict]:
     key = hashlib.sha256(json.dumps([to_dict(cfg.model), to_dict(cfg.execution), cfg.seed,
                                      rl.lookup_sft_steps, rl.seq_len, list(rl.lookup_levels),
                                      rl.num_train_tasks, cfg.train.init_std, lt.SYSTEM,
-                                     lt.PREAMBLES, "v1"],
+                                     lt.PREAMBLES, rl.lookup_sft_hasty, "v2"],
                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
     with _SFT_LOCK:
         if key in _SFT_MEM:
