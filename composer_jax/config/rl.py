@@ -77,7 +77,10 @@ class RLConfig:
     max_turns: int = 4                  # tasks=lookup: assistant turns per episode
     lookup_levels: tuple[str, ...] = ("easy",)     # tasks=lookup: easy (read, finish) / hard (read x2)
     lookup_sft_steps: int = 40          # tasks=lookup: SFT steps of the initial policy (0 = fresh)
-    lookup_sft_hasty: float = 0.5       # tasks=lookup: fraction of SFT demos that guess without reading
+    lookup_sft_hasty: float = 0.25      # tasks=lookup: fraction of SFT demos that guess without reading
+    lookup_sft_seed: int = 0            # tasks=lookup: seed of the SFT (init + demos), shared by RL seeds
+    eval_greedy: bool = True            # held-out episodes greedy; False: sampled at rl.temperature
+                                        # with a fixed seed per (version, task)
     lookup_length_weights: tuple[float, ...] = (1.0, 0.0)  # length-term scale of (easy, hard)
 
     def __post_init__(self):

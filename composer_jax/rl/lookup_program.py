@@ -209,15 +209,16 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
 
 
 def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
-    """A fresh `cfg.model` (seed cfg.seed) after `steps` Adam steps of the "lm" loss on
-    demonstrations of `train_tasks` -> (params, buffers) as numpy pure dicts."""
+    """A fresh `cfg.model` (seed rl.lookup_sft_seed) after `steps` Adam steps of the "lm" loss on
+    demonstrations of `train_tasks` (sampled with rl.lookup_sft_seed) -> (params, buffers) as
+    numpy pure dicts."""
     import jax
     from flax import nnx
 
     from composer_jax.config import Schedule
     from composer_jax.model import init_model
     from composer_jax.train.step import build
-    model = init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
+    model = init_model(cfg.model, cfg.rl.lookup_sft_seed, cfg.execution, cfg.train.init_std)
     if steps == 0:
         _, p, b = nnx.split(model, nnx.Param, ...)
         return jax.device_get(nnx.to_pure_dict(p)), jax.device_get(nnx.to_pure_dict(b))
@@ -227,7 +228,8 @@ def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
     fns, state = build(model, tcfg, loss="lm")
     tok = lookup_tokenizer(cfg.model.vocab_size)
     for b in sft_batches(tok, train_tasks, steps=steps, batch=batch,
-                         seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len), seed=cfg.seed,
+                         seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len),
+                         seed=cfg.rl.lookup_sft_seed,
                          hasty=cfg.rl.lookup_sft_hasty):
         state, _ = fns.train_step(state, b)
     return jax.device_get(state.params), jax.device_get(state.buffers)
@@ -255,11 +257,13 @@ _SFT_MEM: dict[str, tuple] = {}
 
 def initial_weights(cfg, train_tasks) -> tuple[dict, dict]:
     """The SFT policy's (params, buffers), cached in memory and in the data cache by a key of
-    the model, execution, seed, SFT steps and sequence length."""
+    the model, execution, SFT seed and steps, demonstrations and task set. The training tasks
+    (and so the demonstrations) are those of the run's seed: pass the SFT seed's tasks to share
+    one initial policy between runs of different seeds."""
     from composer_jax.config import to_dict
     from composer_jax.data.config import resolved_cache_dir
     rl = cfg.rl
-    key = hashlib.sha256(json.dumps([to_dict(cfg.model), to_dict(cfg.execution), cfg.seed,
+    key = hashlib.sha256(json.dumps([to_dict(cfg.model), to_dict(cfg.execution), rl.lookup_sft_seed,
                                      rl.lookup_sft_steps, rl.seq_len, list(rl.lookup_levels),
                                      rl.num_train_tasks, cfg.train.init_std, lt.SYSTEM,
                                      lt.PREAMBLES, rl.lookup_sft_hasty, "v2"],
@@ -349,7 +353,10 @@ class LookupProgram:
         from flax import nnx
 
         from composer_jax.model import init_model
-        params, buffers = initial_weights(self.cfg, self._train)
+        rl = self.cfg.rl
+        sft_tasks = lt.make_tasks(rl.num_train_tasks, rl.lookup_sft_seed, "train",
+                                  tuple(rl.lookup_levels))
+        params, buffers = initial_weights(self.cfg, sft_tasks)
         model = init_model(self.cfg.model, self.cfg.seed, self.cfg.execution,
                            self.cfg.train.init_std)
         graphdef, p, b = nnx.split(model, nnx.Param, ...)
