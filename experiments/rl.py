@@ -33,20 +33,23 @@ from composer_jax.errors import ConfigError
 
 
 def _lookup_config(max_staleness: int) -> Config:
-    """rl.task=lookup (the default): easy and hard tasks (2 or 3 tool calls), 64 held-out tasks
-    evaluated greedily every 10 versions; the initial policy is a fresh tiny MoE after
-    rl.task.sft_steps SFT steps on training demonstrations (held-out keys never trained on);
-    4 groups x 8 samples per step, Adam at a constant 1e-3, Dr.GRPO (loss_normalizer = about the
-    sampled tokens of one step). The length term is difficulty-aware (rl.task.length_weights:
-    easy 1, hard 0) with the weights of `lookup_env_config`."""
+    """rl.task=lookup (the default): easy tasks (read_file, then finish: 2 tool calls, 2 turns),
+    64 held-out tasks (unseen keys) evaluated every 10 versions by sampled episodes (T = 1, a fixed
+    seed per version and task: rl.eval_greedy=false); the initial policy is a fresh tiny MoE after
+    400 SFT steps on training demonstrations of which a quarter are hasty (finish with a guessed
+    code without reading: rl.task.sft_hasty), one SFT (rl.task.sft_seed) shared by runs of every
+    seed; 4 groups x 8 samples per step, Adam at a constant 2e-3, Dr.GRPO (loss_normalizer = about
+    the sampled tokens of one step). The length term is difficulty-aware (rl.task.length_weights:
+    easy 1, hard 0) with the weights of `lookup_env_config`; `--set rl.task.levels=easy,hard`
+    adds hard tasks (a pointer to a second note: 3 tool calls)."""
     from composer_jax.rl.tasks.lookup import lookup_env_config, lookup_model_config
-    rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=40,
-                  max_new_tokens=40, seq_len=192, loss_normalizer=1024.0,
+    rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=30,
+                  max_new_tokens=40, seq_len=192, loss_normalizer=1024.0, eval_greedy=False,
                   task=LookupTaskConfig(num_train_tasks=256, num_eval_tasks=64, max_turns=4,
-                                        levels=("easy", "hard"), sft_steps=200),
+                                        levels=("easy",), sft_steps=400, sft_hasty=0.25),
                   job=JobConfig(num_rollout_workers=32, checkpoint_every=10, eval_every=10),
                   weight_sync=WeightSyncConfig(full_snapshot_every=10))
-    train = TrainConfig(steps=rl.steps, lr=1e-3, warmup_steps=0, schedule=Schedule.CONSTANT,
+    train = TrainConfig(steps=rl.steps, lr=2e-3, warmup_steps=0, schedule=Schedule.CONSTANT,
                         weight_decay=0.0, grad_clip=1.0, log_every=1)
     return dataclasses.replace(Config(), model=lookup_model_config(), rl=rl, train=train,
                                env=lookup_env_config())

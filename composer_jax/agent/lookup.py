@@ -160,11 +160,19 @@ class NoteBook:
         return self.call(call.name, call.arguments)
 
 
-def demonstration(task: LookupTask, rng: random.Random) -> list[dict]:
-    """An optimal episode's conversation (for the short SFT that teaches the protocol): a random
-    preamble (none or one of `PREAMBLES`) before the first call, one read_file per note of the
-    chain, then finish(code, success=true)."""
+def demonstration(task: LookupTask, rng: random.Random, hasty: float = 0.0) -> list[dict]:
+    """A demonstration conversation (for the short SFT that teaches the protocol). With
+    probability `hasty` a hasty agent: finish(a random code, success=true) at once, without
+    reading (one tool call; right only by chance, and then a false claim). Otherwise an optimal
+    episode: a random preamble (none or one of `PREAMBLES`) before the first call, one read_file
+    per note of the chain, then finish(code, success=true)."""
     msgs = task.messages()
+    if rng.random() < hasty:
+        guess = str(rng.randrange(10))
+        raw = protocol.render_assistant(rng.choice(PREAMBLES),
+                                        [("finish", {"message": guess, "success": True})], 0)
+        msgs.append({"role": "assistant", "content": "", "raw": raw})
+        return msgs
     index = 0
     for n, k in enumerate(task.chain):
         content = rng.choice(PREAMBLES) if n == 0 else ""

@@ -108,11 +108,16 @@ class LookupTaskConfig(TaskConfig):
     keys never trained on (`composer_jax.agent.lookup`). max_turns: assistant turns per episode;
     levels: easy (read, finish) and/or hard (read twice, finish); sft_steps: SFT steps of the
     initial policy on training demonstrations (0 = a fresh model); length_weights: the length
-    term's scale on (easy, hard) tasks (difficulty-aware effort)."""
+    term's scale on (easy, hard) tasks (difficulty-aware effort); sft_hasty: the fraction of SFT
+    demonstrations that guess a code without reading (finish at once, claiming success);
+    sft_seed: the seed of the SFT (its init, training tasks and demonstrations), so runs of
+    every seed share one initial policy."""
     family: str = "lookup"
     max_turns: int = 4
     levels: tuple[str, ...] = ("easy",)
     sft_steps: int = 40
+    sft_hasty: float = 0.25
+    sft_seed: int = 0
     length_weights: tuple[float, ...] = (1.0, 0.0)
 
     def __post_init__(self):
@@ -122,6 +127,8 @@ class LookupTaskConfig(TaskConfig):
                f"{self.max_turns}, {self.sft_steps}")
         _check(bool(self.levels) and set(self.levels) <= {"easy", "hard"},
                f"rl.task.levels must be a non-empty subset of (easy, hard), got {self.levels}")
+        _check(0 <= self.sft_hasty <= 1,
+               f"rl.task.sft_hasty must be in [0, 1], got {self.sft_hasty}")
         _check(len(self.length_weights) == 2 and min(self.length_weights) >= 0,
                f"rl.task.length_weights must be two weights >= 0 (easy, hard), got "
                f"{self.length_weights}")
@@ -254,7 +261,9 @@ class RLConfig:
     batch_groups: int = 4               # B: groups (of group_size samples) per trainer step
     steps: int = 40                     # trainer versions to reach
     max_new_tokens: int = 8             # per assistant turn
-    temperature: float = 1.0            # sampling temperature of training episodes (eval: greedy)
+    temperature: float = 1.0            # sampling temperature of training episodes
+    eval_greedy: bool = True            # held-out episodes greedy; False: sampled at rl.temperature
+                                        # with a fixed seed per (version, task)
     seq_len: int = 64                   # trainer row length (tokens)
     task: TaskConfig = ParityTaskConfig()
     job: JobConfig = JobConfig()
@@ -295,6 +304,7 @@ MOVED_RL_KEYS = {
     "init_from": "task.init_from", "num_train_tasks": "task.num_train_tasks",
     "num_eval_tasks": "task.num_eval_tasks", "max_turns": "task.max_turns",
     "lookup_levels": "task.levels", "lookup_sft_steps": "task.sft_steps",
+    "lookup_sft_hasty": "task.sft_hasty", "lookup_sft_seed": "task.sft_seed",
     "lookup_length_weights": "task.length_weights"}
 
 
@@ -320,7 +330,7 @@ def migrate_legacy_rl(rl: dict) -> dict:
     if family != "coding":
         task.pop("init_from", None)
     if family != "lookup":
-        for k in ("max_turns", "levels", "sft_steps", "length_weights"):
+        for k in ("max_turns", "levels", "sft_steps", "sft_hasty", "sft_seed", "length_weights"):
             task.pop(k, None)
     out["task"] = task
     return out

@@ -7,7 +7,8 @@ command line, so the two give the same numbers.
 The model's weights reach the evaluation engine the way they reach the run's inference engine:
 `publishable` (the weight store's inference copy: rl.weight_sync.dtype) through a `WeightStore`,
 then `load_from` (so the evaluation samples with exactly the weights the run's policy had at that
-version). Episodes are the program's own `run_episode(..., greedy=True)` on its held-out tasks,
+version). Episodes are the program's own `run_episode` on its held-out tasks (greedy, or with
+rl.eval_greedy=false sampled at rl.temperature with the seed `seed + 7919 * version + i` of task i),
 run `rl.job.num_rollout_workers` at a time. The row: `eval_resolved_rate` and `eval_reward_mean` with
 their standard errors (`eval_resolved_se`, `eval_reward_se`: std / sqrt(n) over the n held-out
 tasks), the same under the program's `eval_name` prefix, and per-level metrics (`eval_easy_*`).
@@ -61,7 +62,8 @@ class FamilyEvaluator:
             workers = max(1, min(self.cfg.rl.job.num_rollout_workers, len(tasks)))
             with concurrent.futures.ThreadPoolExecutor(workers) as ex:
                 rollouts = list(ex.map(
-                    lambda it: self.program.run_episode(it[1], seed + it[0], client, greedy=True),
+                    lambda it: self.program.run_episode(it[1], seed + it[0], client,
+                                                        greedy=self.cfg.rl.eval_greedy),
                     enumerate(tasks)))
         return summarize(rollouts, getattr(self.program, "eval_name", "heldout"), version)
 

@@ -79,15 +79,20 @@ class LookupFamily(TaskFamily):
                 "prefill_batch": 1}
 
     def run_episode(self, task_id, seed, policy, *, greedy):
-        rl, task = self.cfg.rl, self._tasks[task_id]
         engine = EngineClient(policy, self.engine_settings()["max_len"], self.cfg.model.vocab_size)
+        return self.episode(engine, self._tasks[task_id], seed, greedy=greedy)
+
+    def episode(self, engine, task: lk.LookupTask, seed: int, *, greedy: bool):
+        """One episode of `task` on `engine` (`submit`/`wait`/`end_session`, `cfg.max_len`,
+        `model_cfg.vocab_size`: the policy server's EngineClient, or a scripted engine in tests)."""
+        rl = self.cfg.rl
         agent_cfg = AgentConfig(max_new_tokens=rl.max_new_tokens,
                                 temperature=0.0 if greedy else rl.temperature,
                                 summary_trigger_tokens=rl.summary_trigger_tokens,
                                 include_tool_specs=False, record_messages=False)
         agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.env_cfg,
                            policy=SeededTurns(seed))
-        r = agent.run_on(lk.NoteBook(task), task.messages(), task_id,
+        r = agent.run_on(lk.NoteBook(task), task.messages(), task.task_id,
                          lambda book, ep: self._score(agent, task, book, ep))
         r.info.update(level=task.level, key=task.key)
         return r
@@ -110,7 +115,7 @@ class LookupFamily(TaskFamily):
 
     def initial_model(self):
         from composer_jax.rl.tasks.lookup_sft import initial_model
-        return initial_model(self.cfg, self._split["train"])
+        return initial_model(self.cfg)
 
     def sample_prompts(self, limit: int = 4) -> list:
         return [t.messages() for t in self._split["eval"][:limit]]

@@ -1,7 +1,8 @@
 """The initial policy of `rl.task=lookup`: a fresh `cfg.model` after `rl.task.sft_steps` steps of
-the "lm" loss on optimal demonstrations of *training* tasks only (it teaches the protocol;
-held-out prompts are never trained on). Deterministic in (config, seed) and cached in memory and
-in the data cache (`lookup_sft/<key>.npz`). JAX: trainer and inference side only."""
+the "lm" loss on demonstrations of *training* tasks only (optimal episodes, and a fraction
+`rl.task.sft_hasty` of hasty guesses; it teaches the protocol; held-out prompts are never trained
+on). Deterministic in (config, `rl.task.sft_seed`), so runs of every seed share it, and cached in
+memory and in the data cache (`lookup_sft/<key>.npz`). JAX: trainer and inference side only."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +19,11 @@ import numpy as np
 from composer_jax.agent import lookup as lk
 
 
-def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed: int):
+def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed: int,
+                hasty: float = 0.0):
     """`steps` LM batches ([batch, seq_len], loss on assistant tokens) of demonstrations of
-    `tasks` (optimal episodes, random preambles), sampled with a seeded generator."""
+    `tasks` (`agent.lookup.demonstration`: optimal episodes with random preambles, or with
+    probability `hasty` a guess without reading), sampled with a seeded generator."""
     from composer_jax.data.chat import encode_messages
     from composer_jax.data.targets import add_targets
     rng = random.Random(seed)
@@ -28,7 +31,7 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
         rows = {k: np.zeros((batch, seq_len), np.int32)
                 for k in ("tokens", "segment_ids", "positions", "trainable")}
         for i in range(batch):
-            ids, tr = encode_messages(tokenizer, lk.demonstration(rng.choice(tasks), rng))
+            ids, tr = encode_messages(tokenizer, lk.demonstration(rng.choice(tasks), rng, hasty))
             if len(ids) > seq_len:
                 raise ValueError(f"a demonstration of {len(ids)} tokens exceeds seq_len={seq_len}")
             t = len(ids)
@@ -38,15 +41,17 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
 
 
 def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
-    """A fresh `cfg.model` (seed cfg.seed) after `steps` Adam steps of the "lm" loss on
-    demonstrations of `train_tasks` -> (params, buffers) as numpy pure dicts."""
+    """A fresh `cfg.model` (seed rl.task.sft_seed) after `steps` Adam steps of the "lm" loss on
+    demonstrations of `train_tasks` (sampled with rl.task.sft_seed) -> (params, buffers) as numpy
+    pure dicts."""
     import jax
     from flax import nnx
 
     from composer_jax.config import Schedule
     from composer_jax.model import init_model
     from composer_jax.train.step import build
-    model = init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
+    t = cfg.rl.task
+    model = init_model(cfg.model, t.sft_seed, cfg.execution, cfg.train.init_std)
     if steps == 0:
         _, p, b = nnx.split(model, nnx.Param, ...)
         return jax.device_get(nnx.to_pure_dict(p)), jax.device_get(nnx.to_pure_dict(b))
@@ -54,10 +59,28 @@ def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
         cfg.train, lr=lr, warmup_steps=0, schedule=Schedule.CONSTANT, weight_decay=0.0,
         grad_clip=1.0, steps=steps, loss="lm"))
     fns, state = build(model, tcfg, loss="lm")
-    for b in sft_batches(lk.lookup_tokenizer(cfg.model.vocab_size), train_tasks, steps=steps,
-                         batch=batch, seq_len=cfg.rl.seq_len, seed=cfg.seed):
+    tok = lk.lookup_tokenizer(cfg.model.vocab_size)
+    for b in sft_batches(tok, train_tasks, steps=steps, batch=batch,
+                         seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len), seed=t.sft_seed,
+                         hasty=t.sft_hasty):
         state, _ = fns.train_step(state, b)
     return jax.device_get(state.params), jax.device_get(state.buffers)
+
+
+def sft_length(tokenizer, tasks, limit: int) -> int:
+    """The SFT row length: the longest demonstration of `tasks` (longest preamble), rounded up to
+    a multiple of 16, at most `limit` (shorter rows: a cheaper SFT step)."""
+    from composer_jax.data.chat import encode_messages
+
+    class _Longest(random.Random):
+        def choice(self, seq):
+            return max(seq, key=len)
+
+        def random(self):
+            return 1.0
+    longest = max(len(encode_messages(tokenizer, lk.demonstration(t, _Longest()))[0])
+                  for t in tasks)
+    return min(limit, -(-longest // 16) * 16)
 
 
 _SFT_LOCK = threading.Lock()
@@ -67,10 +90,10 @@ _SFT_MEM: dict[str, tuple] = {}
 def _key(cfg) -> str:
     from composer_jax.config import to_dict
     rl, t = cfg.rl, cfg.rl.task
-    return hashlib.sha256(json.dumps([to_dict(cfg.model), to_dict(cfg.execution), cfg.seed,
+    return hashlib.sha256(json.dumps([to_dict(cfg.model), to_dict(cfg.execution), t.sft_seed,
                                       t.sft_steps, rl.seq_len, list(t.levels),
                                       t.num_train_tasks, cfg.train.init_std, lk.SYSTEM,
-                                      lk.PREAMBLES, "v1"],
+                                      lk.PREAMBLES, t.sft_hasty, "v2"],
                                      sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -98,12 +121,15 @@ def initial_weights(cfg, train_tasks) -> tuple[dict, dict]:
         return out
 
 
-def initial_model(cfg, train_tasks):
-    """A `cfg.model` holding the SFT policy's weights."""
+def initial_model(cfg):
+    """A `cfg.model` holding the SFT policy's weights (trained on the training tasks of
+    `rl.task.sft_seed`, whatever the run's seed)."""
     from flax import nnx
 
     from composer_jax.model import init_model
-    params, buffers = initial_weights(cfg, train_tasks)
+    t = cfg.rl.task
+    sft_tasks = lk.make_tasks(t.num_train_tasks, t.sft_seed, "train", tuple(t.levels))
+    params, buffers = initial_weights(cfg, sft_tasks)
     model = init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
     graphdef, p, b = nnx.split(model, nnx.Param, ...)
     nnx.replace_by_pure_dict(p, params)
