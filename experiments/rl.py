@@ -206,9 +206,9 @@ def check_steps(default):
 
 registry.register("rl_async", "asynchronous RL (streamed rollouts, in-flight weight updates, "
                   "staleness <= rl.max_staleness=2, fault-tolerant; local or Ray backend)",
-                  lambda: _config(2), run, check_steps(lambda: _config(2)))
+                  lambda: _config(2), run, check_steps(lambda: _config(2)), stoppable=True)
 registry.register("rl_sync", "the rl_async job with rl.max_staleness=0 (synchronous RL baseline)",
-                  lambda: _config(0), run, check_steps(lambda: _config(0)))
+                  lambda: _config(0), run, check_steps(lambda: _config(0)), stoppable=True)
 registry.register("rl_async_coding", "rl_async on sandboxed coding tasks (= rl_async --set "
                   "rl.task=coding): SFT-initialised policy, real tools, eval-suite evaluator",
-                  lambda: _coding_config(2), run, check_steps(lambda: _coding_config(2)))
+                  lambda: _coding_config(2), run, check_steps(lambda: _coding_config(2)), stoppable=True)
