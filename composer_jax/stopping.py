@@ -66,7 +66,7 @@ def record_early_signals() -> None:
 
     def handler(signum, frame):
         _EARLY.append(signal.Signals(signum).name)
-        print(f"\n{signal.Signals(signum).name}: stopping as soon as the run starts",
+        print(f"\n{signal.Signals(signum).name} while starting up: noted",
               file=sys.stderr, flush=True)
     for s in _SIGNALS:
         signal.signal(s, handler)
