@@ -100,10 +100,12 @@ def main(argv):
     from composer_jax.errors import ComposerError
     from composer_jax.overrides import apply_overrides
     from composer_jax.runlog import run_path
+    from composer_jax import stopping
 
     _apply_verbosity()
     try:
         if FLAGS.experiment in (None, "", "list"):
+            stopping.restore_default_signals()
             if FLAGS.config or FLAGS.show_config:
                 raise ComposerError("--config / --show_config need --experiment=NAME (the "
                                     "experiment decides what runs; --experiment=list lists them)")
@@ -114,6 +116,8 @@ def main(argv):
                 print(f"  {name:<{width}}  {exps[name].description}")
             return 0
         exp = registry.get(FLAGS.experiment)
+        if not exp.stoppable or FLAGS.show_config or FLAGS.dry_run:
+            stopping.restore_default_signals()
         base = load_config(FLAGS.config) if FLAGS.config else exp.make_config()
         cfg = apply_overrides(base, FLAGS.set, SECTION_PRESETS)
         if exp.check is not None:
@@ -136,6 +140,9 @@ def main(argv):
         if FLAGS.dry_run:
             from composer_jax.dry_run import dry_run
             dry_run(cfg, workdir)
+        elif exp.stoppable:
+            with stopping.stop_signals():     # a signal during set-up: the loop stops at once
+                exp.run(cfg, workdir)
         else:
             exp.run(cfg, workdir)
         return 0
@@ -149,6 +156,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    from composer_jax.stopping import record_early_signals
+    record_early_signals()               # until the experiment is known (launch.main)
     code = _help()
     if code is not None:
         sys.exit(code)

@@ -11,6 +11,12 @@ second SIGINT while stopping raises KeyboardInterrupt (for a user who does not w
 Outside the block the previous handlers apply: SIGTERM ends the process at once (nothing is being
 trained yet), and `launch.py` turns a Ctrl-C there into a one-line message instead of a traceback.
 
+Blocks nest: a signal sets every active block's flag, and a block entered after a stop was asked
+for starts requested. `launch.py` opens an outer block for experiments registered `stoppable`
+as soon as the experiment is known (after `record_early_signals()`, which notes a signal that
+arrives while the program is still importing), so a signal during set-up still ends in a clean
+stop: the loop stops at once and checkpoints where it is.
+
 `request_stop()` sets the flag from code (tests, a notebook's stop button); off the main thread
 `stop_signals` installs nothing and only that flag works.
 """
@@ -49,6 +55,34 @@ class StopFlag:
 
 
 _ACTIVE: list[StopFlag] = []
+_EARLY: list[str] = []          # signals noted by record_early_signals() before any block
+
+
+def record_early_signals() -> None:
+    """Until a `stop_signals` block or `restore_default_signals()`, SIGTERM / SIGINT are only
+    noted (a block entered later starts requested)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        _EARLY.append(signal.Signals(signum).name)
+        print(f"\n{signal.Signals(signum).name} while starting up: noted",
+              file=sys.stderr, flush=True)
+    for s in _SIGNALS:
+        signal.signal(s, handler)
+
+
+def restore_default_signals() -> None:
+    """For code with no clean stop: the default handlers again, and a signal noted early acts
+    now (SIGTERM ends the process; SIGINT raises KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if "SIGTERM" in _EARLY:
+        signal.raise_signal(signal.SIGTERM)
+    if "SIGINT" in _EARLY:
+        raise KeyboardInterrupt
 
 
 def request_stop() -> None:
@@ -61,6 +95,9 @@ def request_stop() -> None:
 def stop_signals(message: str = "stopping after the current step (again to abort)"):
     """Installs the SIGTERM / SIGINT handlers described in the module docstring."""
     flag = StopFlag()
+    earlier = [f.signal_name or "a stop request" for f in _ACTIVE if f.requested] + _EARLY
+    if earlier:
+        flag.set(earlier[0])
     _ACTIVE.append(flag)
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -70,7 +107,8 @@ def stop_signals(message: str = "stopping after the current step (again to abort
                 raise KeyboardInterrupt
             if not flag.requested:
                 print(f"\n{name}: {message}", file=sys.stderr, flush=True)
-            flag.set(name)
+            for f in list(_ACTIVE):          # nested blocks: every one stops
+                f.set(name)
         for s in _SIGNALS:
             previous[s] = signal.signal(s, handler)
     try:

@@ -239,12 +239,15 @@ def check_steps(default):
 registry.register("rl_async", "asynchronous RL on the multi-turn tool-using lookup family "
                   "(streamed rollouts, in-flight weight updates, staleness <= rl.max_staleness=2 "
                   "at consumption, fault-tolerant; local or Ray backend)",
-                  lambda: _lookup_config(2), run, check_steps(lambda: _lookup_config(2)))
+                  lambda: _lookup_config(2), run, check_steps(lambda: _lookup_config(2)),
+                  stoppable=True)
 registry.register("rl_sync", "the rl_async job with rl.max_staleness=0 (synchronous RL baseline)",
-                  lambda: _lookup_config(0), run, check_steps(lambda: _lookup_config(0)))
+                  lambda: _lookup_config(0), run, check_steps(lambda: _lookup_config(0)),
+                  stoppable=True)
 registry.register("rl_async_parity", "rl_async on the single-turn parity family (= rl_async "
                   "--set rl.task=parity with the parity settings)", lambda: _config(2), run,
-                  check_steps(lambda: _config(2)))
+                  check_steps(lambda: _config(2)), stoppable=True)
 registry.register("rl_async_coding", "rl_async on sandboxed coding tasks (= rl_async --set "
                   "rl.task=coding): SFT-initialised policy, real tools, eval-suite evaluator",
-                  lambda: _coding_config(2), run, check_steps(lambda: _coding_config(2)))
+                  lambda: _coding_config(2), run, check_steps(lambda: _coding_config(2)),
+                  stoppable=True)
