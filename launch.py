@@ -17,8 +17,8 @@ On a multi-host TPU/GPU slice (TPU VM pods, GKE, SLURM, Open MPI) no flag is nee
 detected and jax.distributed is initialised; --coordinator etc. override the detection. Logging
 follows absl's --verbosity / -v for every logger, JAX's and Orbax's included (default: warnings
 only; -v 0 adds INFO, -v 1 DEBUG). SIGTERM / SIGINT during a training or RL loop finish the
-current step, save a checkpoint and exit 0; elsewhere (set-up, evaluation) SIGTERM ends the
-process and Ctrl-C stops it with one line.
+current step, save a checkpoint and exit 0 (during their set-up: as soon as the loop starts);
+in other experiments SIGTERM ends the process and Ctrl-C stops it with one line.
 """
 from __future__ import annotations
 
