@@ -190,11 +190,7 @@ def _train(cfg: Config, workdir: pathlib.Path, stop) -> dict:
     from composer_jax.rl.plots import write_plots
     from composer_jax.rl.settings import settings_from_config
     from composer_jax.rl.tasks import family_of
-    resolved = prepare(cfg)
-    if resolved != cfg:
-        from composer_jax.api import save_config
-        cfg = resolved
-        save_config(cfg, workdir / "config.json")     # e.g. the resolved pool, policy and model
+    cfg = _resolve(cfg, workdir)
     family = family_of(cfg)
     family.write_run_files(workdir)
     settings = settings_from_config(cfg)
@@ -208,6 +204,16 @@ def _train(cfg: Config, workdir: pathlib.Path, stop) -> dict:
     return summary
 
 
+def _resolve(cfg: Config, workdir: pathlib.Path) -> Config:
+    """`prepare(cfg)`, saved to WORKDIR/config.json when it differs from what launch.py wrote
+    (e.g. the family's own settings, the resolved pool, policy and model)."""
+    resolved = prepare(cfg)
+    if resolved != cfg:
+        from composer_jax.api import save_config
+        save_config(resolved, workdir / "config.json")
+    return resolved
+
+
 def run(cfg: Config, workdir: pathlib.Path) -> dict:
     from composer_jax.rl.driver import finished_version
     from composer_jax.rl.run_report import end_summary
@@ -215,6 +221,7 @@ def run(cfg: Config, workdir: pathlib.Path) -> dict:
     from composer_jax.stopping import stop_signals
     done_at = finished_version(workdir, cfg.rl.steps)
     if done_at is not None:
+        _resolve(cfg, workdir)          # the run's resolved config.json again, as it was
         print(f"already finished at version {done_at} (rl.steps={cfg.rl.steps}): nothing to do; "
               f"summary {workdir / 'rl_summary.json'}, plots {workdir / 'plots'}. Raise rl.steps "
               f"to train on, or use another --workdir")
