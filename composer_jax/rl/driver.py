@@ -281,7 +281,7 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
                 admission.advance(v)
             if p.dropped_groups > admission.released:   # stale groups dropped: slots free again
                 admission.release_to(p.dropped_groups)
-            if evaluator.due(v) or (v == settings.steps and eval_tasks and
+            if evaluator.due(v) or (v == settings.steps and evaluator.tasks and
                                     v not in evaluator.scheduled):
                 pending.extendleft(reversed(evaluator.jobs(v, settings.seed + 7919 * v)))
             if (p.done and not evaluator.busy() and not any(j.kind == EVAL for j in pending)
