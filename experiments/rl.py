@@ -32,7 +32,7 @@ from composer_jax.errors import ConfigError
 
 def _lookup_config(max_staleness: int) -> Config:
     """rl.tasks=lookup (the default): easy tasks (read_file, then finish: 2 tool calls, 2 turns),
-    64 held-out tasks (unseen keys) evaluated every 10 versions by sampled episodes (T = 1, a fixed
+    256 held-out tasks (unseen keys) evaluated every 10 versions by sampled episodes (T = 1, a fixed
     seed per version and task); the initial policy is a fresh tiny MoE after 300 SFT steps on
     optimal training demonstrations (rl.lookup_sft_hasty=0; at 200 steps it cannot yet copy a key,
     at 300 it mostly can), one SFT (rl.lookup_sft_seed) shared by runs of every seed;
@@ -43,8 +43,8 @@ def _lookup_config(max_staleness: int) -> Config:
     adds hard tasks (a pointer to a second note: 3 tool calls)."""
     from composer_jax.rl.lookup_program import lookup_env_config, lookup_model_config
     rl = RLConfig(tasks=RLTasks.LOOKUP, group_size=8, batch_groups=4, max_staleness=max_staleness,
-                  steps=30, num_rollout_workers=32, checkpoint_every=10, eval_every=10,
-                  num_train_tasks=256, num_eval_tasks=64, max_new_tokens=40, seq_len=192,
+                  steps=40, num_rollout_workers=32, checkpoint_every=10, eval_every=10,
+                  num_train_tasks=256, num_eval_tasks=256, max_new_tokens=40, seq_len=192,
                   max_turns=4, loss_normalizer=1024.0, full_snapshot_every=10,
                   lookup_levels=("easy",), lookup_sft_steps=300, lookup_sft_hasty=0.0,
                   eval_greedy=False)
