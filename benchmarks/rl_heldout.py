@@ -69,6 +69,17 @@ def main() -> None:
         ev = evals_of(work)
         first, last = ev[0], ev[-1]
         summary = json.loads((work / "rl_summary.json").read_text())
+        train = [r for r in _rows(work) if "loss" in r and "reward_mean" in r]
+        behaviour = {
+            "versions": len(train),
+            "false_claim_versions": sum(r.get("reward_false_claim_mean", 0) > 0 for r in train),
+            "false_claim_mean": sum(r.get("reward_false_claim_mean", 0) for r in train) / len(train),
+            "communication_versions": sum(r.get("reward_communication_mean", 0) > 0
+                                          for r in train),
+            "communication_mean": sum(r.get("reward_communication_mean", 0)
+                                      for r in train) / len(train),
+            "staleness_max": max(r["staleness_max"] for r in train),
+            "stale_dropped_groups": sum(r.get("stale_dropped_groups", 0) for r in train)}
         per_seed.append({"seed": s, "wall_s": wall, "run_elapsed_s": summary.get("elapsed_s"),
                          "first_version": int(first["step"]), "last_version": int(last["step"]),
                          "first": first["eval_resolved_rate"], "first_se": first["eval_resolved_se"],
@@ -76,7 +87,7 @@ def main() -> None:
                          "first_reward": first["eval_reward_mean"],
                          "last_reward": last["eval_reward_mean"],
                          "curve": [(int(r["step"]), r["eval_resolved_rate"]) for r in ev],
-                         "num_tasks": int(first["eval_num_tasks"]),
+                         "num_tasks": int(first["eval_num_tasks"]), "behaviour": behaviour,
                          "load_after": os.getloadavg()[0]})
         print(json.dumps({k: v for k, v in per_seed[-1].items() if k != "curve"}), flush=True)
     n = len(per_seed)
@@ -113,6 +124,13 @@ def main() -> None:
               "curves (version, held-out resolved): " + "; ".join(
                   f"seed {r['seed']}: " + ", ".join(f"{v}:{x:.2f}" for v, x in r["curve"])
                   for r in per_seed)]
+    lines += ["", "behaviour terms and staleness in the training metrics (per seed): " + "; ".join(
+        f"seed {r['seed']}: false-claim penalty fired in {r['behaviour']['false_claim_versions']}"
+        f"/{r['behaviour']['versions']} versions (mean {r['behaviour']['false_claim_mean']:.4f}), "
+        f"communication term in {r['behaviour']['communication_versions']}/"
+        f"{r['behaviour']['versions']} (mean {r['behaviour']['communication_mean']:.4f}), "
+        f"staleness_max {r['behaviour']['staleness_max']:.0f} (S=2), "
+        f"{r['behaviour']['stale_dropped_groups']:.0f} stale groups dropped" for r in per_seed)]
     if cli is not None:
         lines += ["", "command line (seed %d): " % seeds[0] + "; ".join(
             f"eval.policy={c['policy']} -> version {c['version']}, resolved {c['resolved']:.3f} "

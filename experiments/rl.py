@@ -34,7 +34,7 @@ from composer_jax.errors import ConfigError
 
 def _lookup_config(max_staleness: int) -> Config:
     """rl.task=lookup (the default): easy tasks (read_file, then finish: 2 tool calls, 2 turns),
-    64 held-out tasks (unseen keys) evaluated every 10 versions by sampled episodes (T = 1, a fixed
+    256 held-out tasks (unseen keys) evaluated every 10 versions by sampled episodes (T = 1, a fixed
     seed per version and task: rl.eval_greedy=false); the initial policy is a fresh tiny MoE after
     300 SFT steps on optimal training demonstrations (rl.task.sft_hasty=0; at 200 steps it cannot
     yet copy a key, at 300 it mostly can), one SFT (rl.task.sft_seed) shared by runs of every
@@ -44,9 +44,9 @@ def _lookup_config(max_staleness: int) -> Config:
     hard 0) with the weights of `lookup_env_config`; `--set rl.task.levels=easy,hard` adds hard
     tasks (a pointer to a second note: 3 tool calls)."""
     from composer_jax.rl.tasks.lookup import lookup_env_config, lookup_model_config
-    rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=30,
+    rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=40,
                   max_new_tokens=40, seq_len=192, loss_normalizer=1024.0, eval_greedy=False,
-                  task=LookupTaskConfig(num_train_tasks=256, num_eval_tasks=64, max_turns=4,
+                  task=LookupTaskConfig(num_train_tasks=256, num_eval_tasks=256, max_turns=4,
                                         levels=("easy",), sft_steps=300, sft_hasty=0.0),
                   job=JobConfig(num_rollout_workers=32, checkpoint_every=10, eval_every=10),
                   weight_sync=WeightSyncConfig(full_snapshot_every=10))

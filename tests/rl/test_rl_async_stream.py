@@ -105,3 +105,24 @@ def test_driver_learns_and_bounds_staleness(tmp_path, staleness):
         assert key in train[0], key
     assert np.mean([r["reward_mean"] for r in train[-3:]]) > np.mean(
         [r["reward_mean"] for r in train[:3]]) + 0.2
+
+
+def test_checkpoint_evaluated_program_with_eval_tasks_finishes(tmp_path):
+    """A program with its own held-out tasks scored by a checkpoint evaluator (eval_fn, as the
+    lookup family is) ends after its last version (it used to wait for a program evaluation that
+    was never scheduled)."""
+    import threading
+    spec = ProgramSpec("rl_fake_program:make", {"num_tasks": 4, "arms": 2, "num_eval": 2})
+    out = {}
+
+    def run():
+        out["s"] = run_rl(spec, tmp_path, DriverSettings(steps=3, group_size=2, batch_groups=1,
+                                                         eval_every=2, num_workers=2,
+                                                         progress=False), MemoryStore(),
+                          eval_fn=lambda model, v: {"score": float(v)})
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the run did not end after its last version"
+    assert out["s"]["version"] == 3 and sorted(out["s"]["eval"]) == ["0", "2", "3"]
+    assert [out["s"]["eval"][k]["score"] for k in ("0", "2", "3")] == [0.0, 2.0, 3.0]
