@@ -15,7 +15,10 @@ parameters and FLOPs/token and writes WORKDIR/dry_run.json without allocating pa
 
 On a multi-host TPU/GPU slice (TPU VM pods, GKE, SLURM, Open MPI) no flag is needed: the cluster is
 detected and jax.distributed is initialised; --coordinator etc. override the detection. Logging
-follows absl's --verbosity / -v (default: warnings only).
+follows absl's --verbosity / -v for every logger, JAX's and Orbax's included (default: warnings
+only; -v 0 adds INFO, -v 1 DEBUG). SIGTERM / SIGINT during a training or RL loop finish the
+current step, save a checkpoint and exit 0 (during their set-up: as soon as the loop starts);
+in other experiments SIGTERM ends the process and Ctrl-C stops it with one line.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ flags.DEFINE_string("workdir", None, "run directory, local or a URL such as gs:/
                     "(default: runs/EXPERIMENT)")
 flags.DEFINE_string("config", None, "start from this saved config.json (e.g. a previous run's "
                     "WORKDIR/config.json) instead of the experiment's default; --set applies on top")
-flags.DEFINE_multi_string("set", [], "override: key.path=value (repeatable; see the key list below)")
+flags.DEFINE_multi_string("set", [], "override: key.path=value (repeatable; the config keys are "
+                          "listed after the flags)")
 flags.DEFINE_bool("dry_run", False, "build and count/compile abstractly; run nothing")
 flags.DEFINE_bool("show_config", False, "print every config key with its type, value and default, "
                   "then exit")
@@ -40,14 +44,37 @@ flags.DEFINE_string("local_device_ids", None, "multi-host: comma-separated local
 FLAGS = flags.FLAGS
 
 
-def _help_with_config_keys() -> None:
-    """`--help` also lists every config key with its type and default."""
-    if any(a in ("--help", "-h", "--helpfull", "-?") for a in sys.argv[1:]):
-        from composer_jax.api import describe_config
-        global __doc__
-        __doc__ = (__doc__ or "") + ("\nConfig keys (--set KEY=VALUE; a section may also be set to "
-                                     "a preset, e.g. --set model=small):\n"
-                                     + describe_config(values=False) + "\n")
+def _help() -> int | None:
+    """`--help` (-h, -?, --helpfull): the usage above, the flags, then every config key with its
+    type and default; exit status 0. None when help was not asked for."""
+    argv = sys.argv[1:]
+    if not any(a in ("--help", "-h", "--helpfull", "-?") for a in argv):
+        return None
+    from composer_jax.api import describe_config
+    print((__doc__ or "").rstrip() + "\n")
+    print("Flags:")
+    FLAGS(sys.argv[:1], known_only=True)          # parsed with defaults, so help can show them
+    print(FLAGS.module_help(sys.modules[__name__]) if "--helpfull" not in argv
+          else FLAGS.get_help())
+    print("  -v, --verbosity: logging verbosity (-1 warnings, the default; 0 info; 1 debug)")
+    print("\nConfig keys (--set KEY=VALUE; a section may also be set to a preset, e.g. "
+          "--set model=small):")
+    print(describe_config(values=False))
+    return 0
+
+
+def _apply_verbosity() -> None:
+    """absl's --verbosity for every Python logger (JAX, Orbax, Ray, ... log through `logging`);
+    warnings only unless -v / --verbosity was given."""
+    import logging as pylogging
+
+    from absl.logging import converter
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    level = converter.absl_to_standard(logging.get_verbosity())
+    pylogging.getLogger().setLevel(level)
+    for name in list(pylogging.root.manager.loggerDict) + ["jax", "orbax", "absl", "ray"]:
+        pylogging.getLogger(name).setLevel(level)
 
 
 def _check_devices(cfg) -> None:
@@ -73,9 +100,12 @@ def main(argv):
     from composer_jax.errors import ComposerError
     from composer_jax.overrides import apply_overrides
     from composer_jax.runlog import run_path
+    from composer_jax import stopping
 
+    _apply_verbosity()
     try:
         if FLAGS.experiment in (None, "", "list"):
+            stopping.restore_default_signals()
             if FLAGS.config or FLAGS.show_config:
                 raise ComposerError("--config / --show_config need --experiment=NAME (the "
                                     "experiment decides what runs; --experiment=list lists them)")
@@ -86,8 +116,12 @@ def main(argv):
                 print(f"  {name:<{width}}  {exps[name].description}")
             return 0
         exp = registry.get(FLAGS.experiment)
+        if not exp.stoppable or FLAGS.show_config or FLAGS.dry_run:
+            stopping.restore_default_signals()
         base = load_config(FLAGS.config) if FLAGS.config else exp.make_config()
         cfg = apply_overrides(base, FLAGS.set, SECTION_PRESETS)
+        if exp.check is not None:
+            exp.check(cfg)
         if FLAGS.show_config:
             print(f"config of {exp.name}" + (f" from {FLAGS.config}" if FLAGS.config else "")
                   + " ('*': differs from the default):")
@@ -106,14 +140,25 @@ def main(argv):
         if FLAGS.dry_run:
             from composer_jax.dry_run import dry_run
             dry_run(cfg, workdir)
+        elif exp.stoppable:
+            with stopping.stop_signals():     # a signal during set-up: the loop stops at once
+                exp.run(cfg, workdir)
         else:
             exp.run(cfg, workdir)
         return 0
     except ComposerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nSIGINT: stopped outside a training loop (nothing to save); rerun the same command "
+              "to start again", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
-    _help_with_config_keys()
+    from composer_jax.stopping import record_early_signals
+    record_early_signals()               # until the experiment is known (launch.main)
+    code = _help()
+    if code is not None:
+        sys.exit(code)
     app.run(main)

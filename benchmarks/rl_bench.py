@@ -3,7 +3,7 @@
     python benchmarks/rl_bench.py [--steps 40] [--staleness 2] [--latency-scale 0.05]
                                   [--repeats 2] [--set rl.key=value ...] [--out DIR]
 
-Both runs of a pair use the `rl_async` default config (the parity task family through the real
+Both runs of a pair use the `rl_async_parity` config (the parity task family through the real
 engine service, weight store and rl_step) with the same overrides; only rl.max_staleness differs
 (S for async, 0 for sync). Two pairs:
 
@@ -45,10 +45,10 @@ def run_one(name: str, staleness: int, steps: int, overrides: list[str], workdir
     from composer_jax.rl.driver import run_rl, settings_from_config
     from experiments.rl import make_store, program_spec
 
-    exp = registry.get("rl_async")
+    exp = registry.get("rl_async_parity")
     cfg = apply_overrides(exp.make_config(), overrides + [f"rl.steps={steps}",
                                                           f"rl.max_staleness={staleness}",
-                                                          "rl.eval_every=0"], SECTION_PRESETS)
+                                                          "rl.job.eval_every=0"], SECTION_PRESETS)
     t0 = time.time()
     summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg, progress=False),
                      make_store(cfg))
@@ -70,6 +70,7 @@ def run_one(name: str, staleness: int, steps: int, overrides: list[str], workdir
         "engine_idle_frac": summary["inference"].get("engine_idle_frac", float("nan")),
         "staleness_mean": sum(r["staleness_mean"] for r in timed) / len(timed),
         "staleness_max": max(r["staleness_max"] for r in timed),
+        "stale_dropped_groups": float(summary.get("stale_dropped_groups", 0)),
         "reward_first5": sum(r["reward_mean"] for r in rows[:5]) / min(5, len(rows)),
         "reward_last5": sum(r["reward_mean"] for r in last) / len(last),
         "curve": [{"version": r["step"], "reward_mean": r["reward_mean"],
@@ -151,7 +152,7 @@ def main() -> None:
             f"env LATENCY MODEL: per-episode env time = {args.latency_scale} x a measured sandbox "
             f"episode (n={lat['n']}; mean {lat['mean_s']:.3f} s, median {lat['median_s']:.3f} s, "
             f"p90 {lat['p90_s']:.3f} s, max {lat['max_s']:.3f} s)",
-            [f"rl.env_latency_scale={args.latency_scale}"]))
+            [f"rl.task.env_latency_scale={args.latency_scale}"]))
     load0 = os.getloadavg()[0]
     pairs = []
     # order sync, async, async, sync, ... (ABBA): a machine whose load drifts during the bench

@@ -1,4 +1,4 @@
-"""Summarises an `rl_async --set rl.tasks=coding` run from its rollout log: which episodes each
+"""Summarises an `rl_async --set rl.task=coding` run from its rollout log: which episodes each
 trainer version consumed (`rollouts/consumed.jsonl`), each episode's reward breakdown and
 behaviour (`rollouts/*/*.rollout`), and the evaluator's rows of `metrics.jsonl`.
 

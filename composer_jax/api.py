@@ -69,11 +69,14 @@ def load_config(path) -> Config:
 
 
 def save_config(cfg: Config, path) -> None:
-    """Writes `cfg` as JSON to `path` (atomically on local disks; as one object on gs:// etc.)."""
+    """Writes `cfg` as JSON to `path` (atomically on local disks; as one object on gs:// etc.);
+    an identical file is left untouched (rerunning a finished run changes nothing)."""
     from etils import epath
     p = epath.Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(to_dict(cfg), indent=2)
+    if p.exists() and p.read_text() == text:
+        return
     if "://" in str(path):
         p.write_text(text)              # object stores write whole objects atomically
         return

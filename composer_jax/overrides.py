@@ -15,11 +15,11 @@ import enum
 import types
 import typing
 
+from composer_jax.config.build import build_dataclass, field_types, section_class  # noqa: F401
 from composer_jax.errors import ConfigError
 
 
-def _field_types(cls) -> dict[str, type]:
-    return typing.get_type_hints(cls)
+_field_types = field_types
 
 
 def parse_value(text: str, typ, where: str):
@@ -79,6 +79,8 @@ def _set_in_dict(cls, d: dict, key: str, text: str, presets: dict, prefix: str =
         raise ConfigError(f"unknown config key {where!r}; valid keys at this level: "
                           f"{', '.join(prefix + n for n in names)}")
     typ = _field_types(cls)[head]
+    if dataclasses.is_dataclass(typ):
+        typ = section_class(typ, d.get(head))
     if rest:
         if not dataclasses.is_dataclass(typ):
             raise ConfigError(f"{where} is a {getattr(typ, '__name__', typ)}, not a section; "
@@ -86,7 +88,7 @@ def _set_in_dict(cls, d: dict, key: str, text: str, presets: dict, prefix: str =
         _set_in_dict(typ, d[head], rest, text, (presets or {}).get(head) or {}, where + ".")
     elif dataclasses.is_dataclass(typ):
         table = (presets or {}).get(head) or {}
-        if not isinstance(table, dict) or text not in table:
+        if not isinstance(table, dict) or text not in table or not callable(table[text]):
             valid = sorted(table) if isinstance(table, dict) else []
             raise ConfigError(f"{where} is a section; set one of its keys ({where}.KEY=VALUE) "
                               f"or a preset name: {valid or 'none defined'}; got {text!r}")
@@ -122,48 +124,15 @@ def apply_overrides(cfg, overrides: list[str], presets: dict | None = None):
 
 
 def _check_moved(cls, key: str) -> None:
-    """An old spelling (`model.remat`, ...: keys that left the model section) is an error that
-    names the new key, never silently accepted."""
-    from composer_jax.config import MOVED_MODEL_KEYS, Config
-    head, _, rest = key.partition(".")
-    if cls is Config and head == "model" and rest in MOVED_MODEL_KEYS:
-        new = f"{MOVED_MODEL_KEYS[rest]}.{rest}"
-        raise ConfigError(f"config key {key!r} has moved to {new!r} (the model section holds the "
-                          f"architecture only); use --set {new}=...")
-
-
-def build_dataclass(cls, d: dict, prefix: str = ""):
-    """Builds dataclass `cls` from a (JSON) dict, converting enums, tuples and nested sections."""
-    hints = _field_types(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - names
-    if unknown:
-        raise ConfigError(f"unknown config keys {sorted(prefix + u for u in unknown)}; "
-                          f"valid: {sorted(prefix + n for n in names)}")
-    kwargs = {}
-    for name, value in d.items():
-        typ = hints[name]
-        kwargs[name] = _convert(value, typ, prefix + name)
-    return cls(**kwargs)
-
-
-def _convert(value, typ, where):
-    origin = typing.get_origin(typ)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        typ = [a for a in typing.get_args(typ) if a is not type(None)][0]
-        origin = typing.get_origin(typ)
-    if dataclasses.is_dataclass(typ):
-        return build_dataclass(typ, value, where + ".")
-    if origin is tuple:
-        args = typing.get_args(typ)
-        return tuple(_convert(v, args[0] if args else str, where) for v in value)
-    if isinstance(typ, type) and issubclass(typ, enum.Enum):
-        return typ(value)
-    if typ is float and isinstance(value, int):
-        return float(value)
-    return value
+    """An old spelling (`model.remat`, `rl.backend`, ...: keys that moved to another section) is
+    an error that names the new key, never silently accepted."""
+    from composer_jax.config import Config
+    from composer_jax.config.legacy import moved_key
+    new = moved_key(key) if cls is Config else None
+    if new is not None:
+        why = ("the model section holds the architecture only" if key.startswith("model.")
+               else "the rl section has the sections rl.task, rl.job and rl.weight_sync")
+        raise ConfigError(f"config key {key!r} has moved to {new!r} ({why}); use --set {new}=...")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,8 +178,8 @@ def config_keys(cfg, defaults=None, prefix: str = "") -> list[KeyInfo]:
         else:
             default = None
         if dataclasses.is_dataclass(typ):
-            out += config_keys(value, default if dataclasses.is_dataclass(default) else typ(),
-                               prefix + f.name + ".")
+            same = dataclasses.is_dataclass(default) and type(default) is type(value)
+            out += config_keys(value, default if same else type(value)(), prefix + f.name + ".")
         else:
             out.append(KeyInfo(prefix + f.name, _type_name(typ), _plain(value), _plain(default)))
     return out

@@ -21,17 +21,23 @@ class Experiment:
     description: str
     make_config: Callable[[], object]
     run: Callable[[object, pathlib.Path], None]
+    check: Callable[[object], None] | None = None   # raises ConfigError on a config it cannot run
+    stoppable: bool = False    # stops cleanly on SIGTERM / SIGINT (composer_jax.stopping)
 
 
 _REGISTRY: dict[str, Experiment] = {}
 
 
 def register(name: str, description: str, make_config: Callable[[], object],
-             run: Callable[[object, pathlib.Path], None]) -> Experiment:
-    """Registers an experiment; a second registration under the same name is an error."""
+             run: Callable[[object, pathlib.Path], None],
+             check: Callable[[object], None] | None = None,
+             stoppable: bool = False) -> Experiment:
+    """Registers an experiment; a second registration under the same name is an error. `check`
+    (optional) validates a resolved config for this experiment when it is parsed; `stoppable`:
+    its run stops cleanly on SIGTERM / SIGINT (a training or RL loop)."""
     if name in _REGISTRY:
         raise ValueError(f"experiment {name!r} is registered twice")
-    exp = Experiment(name, description, make_config, run)
+    exp = Experiment(name, description, make_config, run, check, stoppable)
     _REGISTRY[name] = exp
     return exp
 

@@ -6,6 +6,12 @@ run`, `s3://...`). `run_path` turns the text into the path object the rest of th
 `/`; nothing turns a URL into a local directory. Object stores cannot append, so on them
 `metrics.jsonl` and the TensorBoard event file are kept in memory and rewritten whole on each flush
 (every `flush_every_s` seconds and at close).
+
+Resume hygiene: a run that resumes from step N opens its writer with `resume_from=N`; rows past N
+(written after that checkpoint by the run that was stopped or killed) are dropped from
+metrics.jsonl, and tb/ is rewritten from the kept rows, so every consumer sees each step once.
+At close metrics.jsonl is compacted: one row per step, ascending (rows of the same step, e.g. an RL
+version's trainer row and its held-out evaluation, merged).
 """
 from __future__ import annotations
 
@@ -110,10 +116,11 @@ class MetricsWriter:
     `train.wandb_project`, to Weights & Biases.
 
     enabled=False (every process but the first of a multi-host run) writes nothing.
-    `live=True` also prints each row (for notebooks, where a progress bar hides the numbers)."""
+    `live=True` also prints each row (for notebooks, where a progress bar hides the numbers).
+    `resume_from=N`: the run resumes from step N (module docstring: rows past N are dropped)."""
 
     def __init__(self, workdir, tensorboard: bool = True, enabled: bool = True, config=None,
-                 flush_every_s: float = 30.0, live: bool = False):
+                 flush_every_s: float = 30.0, live: bool = False, resume_from: int | None = None):
         self.workdir = run_path(workdir)
         self._file = self._tb = self._wandb = None
         self._remote = is_remote(self.workdir)
@@ -124,6 +131,11 @@ class MetricsWriter:
             return
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.workdir / "metrics.jsonl"
+        kept = None
+        if resume_from is not None:
+            kept = compact_metrics(self.workdir, upto=resume_from)
+            if tensorboard:
+                clear_tensorboard(self.workdir)
         if self._remote:
             self._file = _BufferedObject(path, path.read_bytes() if path.exists() else b"")
         else:
@@ -133,6 +145,8 @@ class MetricsWriter:
             if self._remote:
                 _register_tensorboard_schemes()
             self._tb = SummaryWriter(str(self.workdir / "tb"))
+            if kept:
+                replay_rows(self._tb, kept)      # one event file: the kept rows, then new ones
         tc = getattr(config, "train", None)
         if tc is not None and getattr(tc, "wandb_project", "") and tc.wandb_mode != "disabled":
             from composer_jax.config import to_dict
@@ -168,6 +182,7 @@ class MetricsWriter:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+            compact_metrics(self.workdir)
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
@@ -185,6 +200,54 @@ def metric_series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of the rows that logged a finite `key` (non-finite values are strings)."""
     pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), float)]
     return ([s for s, _ in pts], [v for _, v in pts])
+
+
+def compact_metrics(workdir, upto: int | None = None) -> list[dict]:
+    """Rewrites WORKDIR/metrics.jsonl (atomically) with one row per step in ascending order: rows
+    of the same step are merged (later values win) and, with `upto`, rows past that step dropped.
+    Returns the kept rows. A torn last line (a killed writer) is dropped."""
+    path = run_path(workdir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    by_step: dict[int, dict] = {}
+    text = path.read_text()
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        step = int(row.get("step", 0))
+        if upto is not None and step > upto:
+            continue
+        by_step.setdefault(step, {}).update(row)
+    rows = [by_step[k] for k in sorted(by_step)]
+    new = "".join(json.dumps(r) + "\n" for r in rows)
+    if new != text:
+        if is_remote(path):
+            path.write_text(new)
+        else:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(new)
+            os.replace(tmp, path)
+    return rows
+
+
+def clear_tensorboard(workdir) -> None:
+    """Deletes the event files under WORKDIR/tb (a resumed run replays the rows it keeps)."""
+    tb = run_path(workdir) / "tb"
+    if tb.exists():
+        for f in tb.iterdir():
+            if f.name.startswith("events.out.tfevents"):
+                f.unlink()
+
+
+def replay_rows(tb_writer, rows: list[dict]) -> None:
+    """Writes `rows` (their float values, at their steps and wall times) to a tensorboardX
+    SummaryWriter."""
+    for r in rows:
+        for k, v in r.items():
+            if k not in ("step", "time") and isinstance(v, float):
+                tb_writer.add_scalar(k, v, int(r["step"]), walltime=r.get("time"))
 
 
 def read_metrics(workdir) -> list[dict]:

@@ -26,7 +26,30 @@ def _config() -> Config:
     return Config()
 
 
+def _run_family(cfg: Config, workdir: pathlib.Path) -> dict:
+    """eval.policy=WORKDIR[@V] of an RL run of a family with its own held-out split (lookup,
+    parity): that split, greedy, with standard errors."""
+    from composer_jax.agent.rollout import atomic_write_bytes
+    from composer_jax.rl.family_eval import evaluate_run
+    from composer_jax.runlog import MetricsWriter
+    row = evaluate_run(cfg.eval.policy)
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(workdir / "eval.json", json.dumps(row, indent=1).encode())
+    with MetricsWriter(workdir, tensorboard=False) as m:
+        m.write(0, {k: v for k, v in row.items() if isinstance(v, float)})
+    print(f"held-out {row['task_family']} eval of {row['policy']} (version {row['version']}): "
+          f"resolved {row['eval_resolved_rate']:.3f} +- {row['eval_resolved_se']:.3f}, reward "
+          f"{row['eval_reward_mean']:.3f} +- {row['eval_reward_se']:.3f} over "
+          f"{int(row['eval_num_tasks'])} tasks")
+    print(json.dumps(row))
+    return row
+
+
 def _run(cfg: Config, workdir: pathlib.Path) -> dict:
+    from composer_jax.rl.family_eval import has_own_heldout
+    if cfg.eval.suite == "" and has_own_heldout(cfg.eval.policy):
+        return _run_family(cfg, workdir)
     from composer_jax.eval.api import ensure_suite, evaluate
     from composer_jax.eval.policies import make_policy
     from composer_jax.eval.report import write_reports
@@ -47,7 +70,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> dict:
                     **{f"eval_resolved_{k}": v["resolved"] for k, v in s.items() if k != "all"},
                     "eval_price": s["all"]["price"], "num_tasks": s["all"]["num_tasks"]})
     print(json.dumps({"suite_id": result["suite_id"], "policy": result["policy"]["name"],
-                      "num_tasks": suite.manifest["num_tasks"],
+                      "num_tasks": s["all"]["num_tasks"], "suite_tasks": suite.manifest["num_tasks"],
                       "median_lines_changed": suite.manifest["median_lines_changed"],
                       **{f"resolved_{k}": round(v["resolved"], 4) for k, v in s.items()},
                       "reports": {k: str(v) for k, v in paths.items()}}))

@@ -1,8 +1,13 @@
-"""`generate`: sample completions from a fresh model or a Hugging Face checkpoint directory and
-print them with their speed; with MTP heads, also speculative decoding's acceptance and speed-up.
+"""`generate`: sample completions from a fresh model, a run's checkpoint (pretraining, SFT or
+RL: `WORKDIR` or `WORKDIR@STEP`) or a Hugging Face checkpoint directory and print them as text
+with their speed; with MTP heads, also speculative decoding's acceptance and speed-up.
 
-    python launch.py --experiment=generate --workdir=W [--set train.init_from=HF_DIR]
+    python launch.py --experiment=generate --workdir=W [--set train.init_from=RUN_OR_HF_DIR]
         [--set eval.max_new_tokens=64 --set eval.temperature=0.8 --set seed=1]
+        [--set eval.show_token_ids=true]     # also print the token ids
+
+Prompts: code prompts for a code model; a run that records its chat prompts (an RL run's
+`prompts.json`) is prompted with those. A fresh model has no tokenizer: token ids only.
 """
 from __future__ import annotations
 
@@ -42,7 +47,20 @@ def _load(cfg: Config):
         print(f"loaded {cfg.train.init_from}{at} ({w.model_cfg.name}, "
               f"mtp_depth={w.model_cfg.mtp_depth})")
     tok = load_tokenizer(w.tokenizer_path) if w.tokenizer_path else None
-    return w.model(), tok
+    return w.model(), tok, _run_prompts(cfg.train.init_from)
+
+
+def _run_prompts(source: str) -> list | None:
+    """The prompts a run recorded for sampling it (WORKDIR/prompts.json: a list whose items are a
+    text or a chat, a list of {"role", "content"} messages, e.g. an RL run's task prompts), or
+    None."""
+    import json
+
+    from composer_jax.train.run_checkpoint import parse_run_source
+    if not source:
+        return None
+    path = parse_run_source(source)[0] / "prompts.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _run(cfg: Config, workdir: pathlib.Path) -> None:
@@ -55,17 +73,25 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
     from composer_jax.inference.timing import timed_generation, tokens_per_second
     from composer_jax.runlog import MetricsWriter
 
-    model, tokenizer = _load(cfg)
+    model, tokenizer, run_prompts = _load(cfg)
     mcfg = model.cfg
     graphdef, state = nnx.split(model)
     rng = np.random.default_rng(cfg.seed)
-    if tokenizer is not None:
+    stop = ()
+    if tokenizer is not None and run_prompts:
+        from composer_jax.data import special_tokens as st
+        from composer_jax.data.chat import encode_prompt
+        prompts = [encode_prompt(tokenizer, p) if isinstance(p, list) else tokenizer.encode(p)
+                   for p in run_prompts[:NUM_PROMPTS]]
+        if any(isinstance(p, list) for p in run_prompts) and tokenizer.token_to_id(st.IM_END) is not None:
+            stop = (tokenizer.token_to_id(st.IM_END),)      # a chat reply ends at <|im_end|>
+    elif tokenizer is not None:
         prompts = [tokenizer.encode(p)[:PROMPT_LEN] for p in CODE_PROMPTS[:NUM_PROMPTS]]
     else:
         prompts = [[int(t) for t in rng.integers(0, mcfg.vocab_size, PROMPT_LEN)]
                    for _ in range(NUM_PROMPTS)]
     params = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
-                            seed=cfg.seed)
+                            seed=cfg.seed, stop_tokens=stop)
     # the engine's knobs from `--set inference.*`; slots and context sized for these prompts
     ecfg = dataclasses.replace(cfg.inference, max_batch=NUM_PROMPTS,
                                max_len=max(len(p) for p in prompts) + params.max_new_tokens + 1,
@@ -73,12 +99,15 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
     outs, secs, _ = timed_generation(graphdef, state, prompts, params, ecfg)
     tps = tokens_per_second(outs, secs)
     for p, c in zip(prompts, outs):
+        stats = f"({len(c.tokens)} tokens, {c.finish_reason}; mean logprob " \
+                f"{np.mean(c.raw_logprobs):.3f})"
         if tokenizer is not None:
-            print("-" * 60 + f"\n{tokenizer.decode(p + c.tokens)}\n  ({c.finish_reason}; mean "
-                  f"logprob {np.mean(c.raw_logprobs):.3f})")
+            print("-" * 60 + f"\nprompt:     {tokenizer.decode(p)!r}\ncompletion: "
+                  f"{tokenizer.decode(c.tokens)!r}\n  {stats}")
+            if cfg.eval.show_token_ids:
+                print(f"  prompt ids {p}\n  completion ids {list(c.tokens)}")
         else:
-            print(f"prompt {p[:8]}... -> {c.tokens} ({c.finish_reason}; "
-                  f"mean logprob {np.mean(c.raw_logprobs):.3f})")
+            print(f"prompt ids {p[:8]}... -> completion ids {list(c.tokens)} {stats}")
     print(f"plain decoding: {tps:.1f} tokens/s (batch {NUM_PROMPTS}, {len(outs[0].tokens)} tokens)")
     metrics = {"tokens_per_sec": tps}
     if mcfg.mtp_depth > 0:

@@ -1,4 +1,7 @@
-"""Model experiments: `model_check` builds a model, runs it, and round-trips it through HF format."""
+"""Model experiments: `model_check` builds a model (fresh, or the weights of `train.init_from`: a
+run's WORKDIR or WORKDIR@STEP, pretraining, SFT or RL alike), runs it, and round-trips it through HF
+format: WORKDIR/hf holds the exported safetensors (and the run's tokenizer.json), which `eval`,
+`generate` and `train.init_from` read as a Hugging Face directory."""
 from __future__ import annotations
 
 import pathlib
@@ -23,10 +26,17 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
     from composer_jax.model.hf import load_hf, save_hf
     from composer_jax.runlog import MetricsWriter
 
-    m = cfg.model
+    tokenizer_json = None
+    if cfg.train.init_from:
+        from composer_jax.train.weights import load_weights
+        w = load_weights(cfg.train.init_from, cfg)
+        model, m, tokenizer_json = w.model(), w.model_cfg, w.tokenizer_path
+        print(f"exporting {cfg.train.init_from}" + (f" (step {w.step})" if w.step is not None else ""))
+    else:
+        m = cfg.model
+        model = init_model(m, cfg.seed, cfg.execution, cfg.train.init_std)
     total, active = count_params(m)
     print(f"{m.name}: {total:,} parameters, {active:,} active per token")
-    model = init_model(m, cfg.seed, cfg.execution, cfg.train.init_std)
     b, t = 2, min(cfg.data.seq_len, 64)
     tokens = jax.random.randint(jax.random.key(cfg.seed), (b, t), 0, m.vocab_size)
     graphdef, state = nnx.split(model)
@@ -45,6 +55,8 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
     fwd_s = time.time() - t0
     hf_dir = workdir / "hf"
     save_hf(model, hf_dir)
+    if tokenizer_json is not None:
+        (hf_dir / "tokenizer.json").write_bytes(pathlib.Path(tokenizer_json).read_bytes())
     _, reloaded = load_hf(hf_dir, execution=cfg.execution)
     a = np.asarray(model(tokens).logits)
     r = np.asarray(reloaded(tokens).logits)
@@ -52,6 +64,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
     with MetricsWriter(workdir) as w:
         w.write(0, {"loss": loss, "params_total": total, "params_active": active,
                     "hf_roundtrip_max_abs_diff": diff, "compile_s": compile_s, "forward_s": fwd_s})
+    print(f"HF checkpoint: {hf_dir}")
     print(f"initial loss {loss:.4f} (ln V = {np.log(m.vocab_size):.4f}); forward {fwd_s * 1e3:.1f} ms "
           f"after a {compile_s:.1f} s compile; HF save/load round trip max |dlogits| = {diff:.3g}")
     if diff != 0.0:

@@ -119,6 +119,8 @@ def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
     from composer_jax.train.loop import train
 
     result = train(cfg, workdir, kind="cpt")
+    if result.already_finished:
+        return
     shown = {k: round(v, 4) for k, v in result.metrics.items()}
     print(f"final metrics: {shown}")
     if result.interrupted:
@@ -153,6 +155,8 @@ def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:
     if data.sft_source == SftSource.ENV_ORACLE:
         _build_env_samples(cfg)
     result = train(cfg, workdir, kind="sft")
+    if result.already_finished:
+        return
     print({k: round(v, 4) for k, v in result.metrics.items()})
 
 
@@ -182,12 +186,12 @@ def _build_env_samples(cfg: Config) -> None:
 
 
 registry.register("cpt_debug", "tiny model, continued pretraining on a few hundred local files "
-                  "(CPU, ~3 min; CI)", _debug, _run_cpt)
+                  "(CPU, ~3 min; CI)", _debug, _run_cpt, stoppable=True)
 registry.register("cpt_small", "the `small` config on the whole local code corpus (~25 min on 2 "
-                  "CPU cores)", _small, _run_cpt)
+                  "CPU cores)", _small, _run_cpt, stoppable=True)
 registry.register("cpt_32k", "stage 1: kimi_k2_5 continued pretraining at 32k context (pods; "
-                  "try --dry_run)", _cpt_32k, _run_cpt)
+                  "try --dry_run)", _cpt_32k, _run_cpt, stoppable=True)
 registry.register("cpt_256k", "stage 2: YaRN long-context extension to 256k from a cpt_32k run "
-                  "(pods; try --dry_run)", _cpt_256k, _run_cpt)
+                  "(pods; try --dry_run)", _cpt_256k, _run_cpt, stoppable=True)
 registry.register("sft", "short SFT on chat-formatted samples, loss on assistant tokens only",
-                  _sft, _run_sft)
+                  _sft, _run_sft, stoppable=True)

@@ -5,44 +5,77 @@
              admission control (rl.max_staleness = 2); rollout-level fault tolerance and resume
   rl_sync    the same with rl.max_staleness = 0 (synchronous RL: generate a batch, train, repeat)
 
-Defaults run on a laptop CPU in a few minutes: the known-optimum "parity" task family
-(`composer_jax.rl.toy_tasks`) with the `tiny` MoE policy. `--set rl.backend=ray` runs the same
-services as Ray actors (`--set rl.ray_address=HOST:PORT` joins a cluster). Outputs in WORKDIR:
-config.json, metrics.jsonl, tb/, rollouts/ (the rollout log), checkpoints/, plots/, rl_summary.json.
-Rerunning the same command resumes from the newest checkpoint.
+Defaults run on a laptop CPU in a few minutes: the known-optimum, multi-turn, tool-using "lookup"
+task family (`composer_jax.rl.tasks.lookup`: read the note the prompt names with read_file,
+follow it, finish with its code; held-out prompts use keys never trained on) with the `tiny` MoE
+policy after a short SFT on training demonstrations. `--set rl.task=parity` is the single-turn
+parity family (with the `rl_async_parity` settings), `--set rl.task=coding` the sandboxed coding
+tasks; `--set rl.task=NAME` runs any registered task family (`composer_jax.rl.tasks`; README
+"Adding an RL task"), `--set
+rl.job.backend=ray` the same services as Ray actors (`--set rl.job.ray_address=HOST:PORT` joins a
+cluster). Outputs in WORKDIR:
+config.json, metrics.jsonl, tb/, rollouts/ (the rollout log), checkpoints/, plots/, rl_summary.json,
+tokenizer.json and prompts.json (so `eval` / `generate` read the run like any other). Rerunning the
+same command resumes from the newest checkpoint; a finished run says so and changes nothing.
+SIGTERM / SIGINT finish the current step, checkpoint, write plots and the summary, and exit 0.
+The run's length is rl.steps (train.steps is not read: setting it is an error).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
-import sys
 
 from composer_jax import registry
-from composer_jax.config import (Config, EvalConfig, RLConfig, RLTasks, Schedule, TrainConfig,
-                                 to_dict)
-from composer_jax.env.config import EnvConfig
+from composer_jax.config import (CodingTaskConfig, Config, EnvConfig, EvalConfig, JobConfig,
+                                 LookupTaskConfig, ParityTaskConfig, RLConfig, Schedule,
+                                 TrainConfig, WeightSyncConfig, to_dict)
 from composer_jax.errors import ConfigError
 
 
+def _lookup_config(max_staleness: int) -> Config:
+    """rl.task=lookup (the default): easy tasks (read_file, then finish: 2 tool calls, 2 turns),
+    256 held-out tasks (unseen keys) evaluated every 10 versions by sampled episodes (T = 1, a fixed
+    seed per version and task: rl.eval_greedy=false); the initial policy is a fresh tiny MoE after
+    300 SFT steps on optimal training demonstrations (rl.task.sft_hasty=0; at 200 steps it cannot
+    yet copy a key, at 300 it mostly can), one SFT (rl.task.sft_seed) shared by runs of every
+    seed; 4 groups x 8 samples per step, Adam at a constant 5e-4 (2e-3 collapsed a run into
+    truncated garbage calls within 10 versions), Dr.GRPO (loss_normalizer = about the sampled
+    tokens of one step). The length term is difficulty-aware (rl.task.length_weights: easy 1,
+    hard 0) with the weights of `lookup_env_config`; `--set rl.task.levels=easy,hard` adds hard
+    tasks (a pointer to a second note: 3 tool calls)."""
+    from composer_jax.rl.tasks.lookup import lookup_env_config, lookup_model_config
+    rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=40,
+                  max_new_tokens=40, seq_len=192, loss_normalizer=1024.0, eval_greedy=False,
+                  task=LookupTaskConfig(num_train_tasks=256, num_eval_tasks=256, max_turns=4,
+                                        levels=("easy",), sft_steps=300, sft_hasty=0.0),
+                  job=JobConfig(num_rollout_workers=32, checkpoint_every=10, eval_every=10),
+                  weight_sync=WeightSyncConfig(full_snapshot_every=10))
+    train = TrainConfig(steps=rl.steps, lr=5e-4, warmup_steps=0, schedule=Schedule.CONSTANT,
+                        weight_decay=0.0, grad_clip=1.0, log_every=1)
+    return dataclasses.replace(Config(), model=lookup_model_config(), rl=rl, train=train,
+                               env=lookup_env_config())
+
+
 def _config(max_staleness: int) -> Config:
+    """rl.task=parity (`rl_async_parity`)."""
     from composer_jax.rl.toy_tasks import toy_model_config
     # the recipe of benchmarks/rl_learning_curve.py (issue 15): Adam at a constant 3e-3, Dr.GRPO
     # with loss_normalizer 64 (about one step's tokens), 4 tasks x 8 samples per step, 6 new
     # tokens per reply. Default: the unconditional parity variant (reply with even characters),
-    # which a fresh tiny policy learns in ~60 versions; `--set rl.parity_kinds=even,odd --set
-    # rl.steps=300 --set train.steps=300` is the conditional one (slower and less reliable: README)
+    # which a fresh tiny policy learns in ~60 versions; `--set rl.task.kinds=even,odd --set
+    # rl.steps=300` is the conditional one (slower and less reliable: README)
     rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=150,
-                  num_rollout_workers=32, checkpoint_every=25, eval_every=50,
-                  num_train_tasks=64, num_eval_tasks=16, max_new_tokens=6, seq_len=64,
-                  loss_normalizer=64.0, full_snapshot_every=10, parity_kinds=("even",))
+                  max_new_tokens=6, seq_len=64, loss_normalizer=64.0,
+                  task=ParityTaskConfig(num_train_tasks=64, num_eval_tasks=16, kinds=("even",)),
+                  job=JobConfig(num_rollout_workers=32, checkpoint_every=25, eval_every=50),
+                  weight_sync=WeightSyncConfig(full_snapshot_every=10))
     train = TrainConfig(steps=150, lr=3e-3, warmup_steps=0, schedule=Schedule.CONSTANT,
                         weight_decay=0.0, grad_clip=1.0, log_every=1)
     return dataclasses.replace(Config(), model=toy_model_config(), rl=rl, train=train)
 
 
 def _coding_config(max_staleness: int) -> Config:
-    """rl.tasks=coding: the policy is the repository's own `sft` run (the cpt_debug model and
+    """rl.task=coding: the policy is the repository's own `sft` run (the cpt_debug model and
     tokenizer, SFT on oracle episodes of the RL task pool's training tasks), RL on that pool's
     sandboxed episodes with real tools; the eval suite's runner scores checkpoints. Sized for a
     CPU run from what the oracle episodes measure (the SFT data): a transcript is 2.4-2.7k tokens
@@ -55,15 +88,16 @@ def _coding_config(max_staleness: int) -> Config:
     with the bf16 copy drove valid calls and resolved rate down; benchmarks/results/rl_coding.txt)."""
     from experiments.pretrain import _sft
     base = _sft()
-    rl = RLConfig(tasks=RLTasks.CODING, group_size=4, batch_groups=2, max_staleness=max_staleness,
-                  steps=40, num_rollout_workers=16, checkpoint_every=4, eval_every=8,
-                  num_train_tasks=12, num_eval_tasks=2, max_new_tokens=320, seq_len=3072,
-                  loss_normalizer=1024.0, full_snapshot_every=10, temperature=1.0,
-                  weight_sync_dtype="")
+    rl = RLConfig(group_size=4, batch_groups=2, max_staleness=max_staleness, steps=40,
+                  max_new_tokens=320, seq_len=3072, loss_normalizer=1024.0, temperature=1.0,
+                  task=CodingTaskConfig(num_train_tasks=12, num_eval_tasks=2),
+                  job=JobConfig(num_rollout_workers=16, checkpoint_every=4, eval_every=8),
+                  weight_sync=WeightSyncConfig(full_snapshot_every=10, dtype=""))
     train = TrainConfig(steps=rl.steps, lr=1e-4, warmup_steps=0, schedule=Schedule.CONSTANT,
                         weight_decay=0.0, grad_clip=1.0, log_every=1)
     env = dataclasses.replace(EnvConfig(), max_turns=4, command_timeout_s=10.0,
-                              episode_time_s=600.0, use_embeddings=False, num_tasks=rl.num_train_tasks,
+                              episode_time_s=600.0, use_embeddings=False,
+                              num_tasks=rl.task.num_train_tasks,
                               kinds=("bug",), python_versions=(_python_version(),),
                               max_tasks_per_module=2, workers=2)
     ev = dataclasses.replace(EvalConfig(), max_turns=4, max_new_tokens=320, max_context=3072,
@@ -90,175 +124,154 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def with_coding_defaults(cfg: Config) -> Config:
-    """`rl_async --set rl.tasks=coding` (or rl_sync): the coding settings (`_coding_config`), with
-    every field the user set (anything that differs from the parity experiment's defaults) kept.
-    A config already built from the coding defaults is returned as is."""
+def with_task_defaults(cfg: Config, make_defaults) -> Config:
+    """`rl_async --set rl.task=coding|parity` (or rl_sync): that family's settings
+    (`make_defaults(max_staleness)`, e.g. `_coding_config`), with every field the user set kept:
+    anything that differs from the default lookup experiment's config, and in the task section
+    anything that differs from the family section's own defaults (`--set rl.task=NAME` resets
+    the section to them). A config not built from the lookup defaults (another model) is returned
+    as is."""
     from composer_jax.config import from_dict
-    parity = _config(cfg.rl.max_staleness)
-    if cfg.model != parity.model:
+    base = _lookup_config(cfg.rl.max_staleness)
+    if cfg.model != base.model:
         return cfg
-    user = {k: v for k, v in _flat(to_dict(cfg)).items() if _flat(to_dict(parity)).get(k) != v}
-    coding = to_dict(_coding_config(cfg.rl.max_staleness))
+    flat_base = _flat(to_dict(base))
+    if cfg.rl.task.family != base.rl.task.family:
+        flat_base.update(_flat({"rl": {"task": to_dict(type(cfg.rl.task)())}}))
+    user = {k: v for k, v in _flat(to_dict(cfg)).items() if flat_base.get(k) != v}
+    out = to_dict(make_defaults(cfg.rl.max_staleness))
     for key, value in user.items():
-        node = coding
+        node = out
         *parents, leaf = key.split(".")
         for part in parents:
             node = node[part]
         node[leaf] = value
-    return from_dict(Config, coding)
+    return from_dict(Config, out)
 
 
-def _cache(cfg: Config) -> pathlib.Path:
-    from composer_jax.data.config import resolved_cache_dir
-    return pathlib.Path(resolved_cache_dir(cfg.data))
-
-
-def _key(*parts) -> str:
-    import hashlib
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def ensure_coding_pool(cfg: Config) -> pathlib.Path:
-    """The RL task pool: env.pool_dir, else a cached one (generated on first use from cfg.env:
-    num_tasks training tasks of the configured kinds; held-out modules are never used)."""
-    from composer_jax.env.tasks.generate import generate_pool
-    from composer_jax.env.tasks.pool import TaskPool
-    if cfg.env.pool_dir:
-        return pathlib.Path(cfg.env.pool_dir)
-    e = cfg.env
-    d = _cache(cfg) / "rl_pool" / _key(e.num_tasks, e.kinds, e.python_versions, e.task_seed,
-                                       e.max_tasks_per_module, e.modules, e.package_sources)
-    if len(TaskPool(d)) < e.num_tasks:
-        print(f"rl.tasks=coding: generating the task pool ({e.num_tasks} tasks) in {d}",
-              file=sys.stderr)
-        generate_pool(e, d, progress=True)
-    return d
-
-
-def ensure_sft_policy(cfg: Config, pool: pathlib.Path) -> pathlib.Path:
-    """The initial policy: rl.init_from, else the `sft` experiment run on `pool` (cached by pool
-    manifest and SFT settings; built on first use: a few minutes on CPU)."""
-    if cfg.rl.init_from:
-        return pathlib.Path(cfg.rl.init_from)
-    from composer_jax import registry
-    from composer_jax.api import save_config
-    exp = registry.get("sft")
-    sft = exp.make_config()
-    sft = dataclasses.replace(sft, data=dataclasses.replace(sft.data, sft_pool=str(pool),
-                                                            cache_dir=cfg.data.cache_dir),
-                              env=cfg.env, seed=cfg.seed)
-    manifest = (pool / "manifest.json").read_text() if (pool / "manifest.json").exists() else ""
-    d = _cache(cfg) / "rl_sft" / _key(to_dict(sft), manifest)
-    if not (d / "checkpoints" / str(sft.train.steps)).exists():     # missing or unfinished: (re)run
-        print(f"rl.tasks=coding: building the initial policy (the `sft` experiment) in {d}",
-              file=sys.stderr)
-        d.mkdir(parents=True, exist_ok=True)
-        save_config(sft, d / "config.json")
-        exp.run(sft, d)
-    return d
-
-
-def _run_config(cfg: Config, init_from: pathlib.Path) -> Config:
-    """The run's config with the policy's architecture (the init run's model section)."""
-    from composer_jax.train.weights import run_config
-    return dataclasses.replace(run_config(init_from, cfg), seed=cfg.seed)
+def with_coding_defaults(cfg: Config) -> Config:
+    """`with_task_defaults` with the coding settings (`_coding_config`)."""
+    return with_task_defaults(cfg, _coding_config)
 
 
 def program_spec(cfg: Config):
-    """The RL program of `rl.tasks` as a ProgramSpec every process can rebuild (coding: after
-    `prepare_coding`, which resolves the pool, the initial policy and the tokenizer)."""
-    from composer_jax.rl.program import ProgramSpec
-    if cfg.rl.tasks == RLTasks.PARITY:
-        return ProgramSpec("composer_jax.rl.parity_program:make", {"config": to_dict(cfg)})
-    if cfg.rl.tasks == RLTasks.CODING:
-        if not cfg.env.pool_dir or not cfg.rl.init_from:
-            raise ConfigError("rl.tasks=coding needs env.pool_dir and rl.init_from resolved: "
-                              "call experiments.rl.prepare_coding(cfg) first")
-        return ProgramSpec("composer_jax.rl.coding_program:make", {
-            "config": to_dict(cfg), "pool_dir": cfg.env.pool_dir, "init_from": cfg.rl.init_from,
-            "tokenizer": str(pathlib.Path(cfg.rl.init_from) / "tokenizer.json")})
-    raise ConfigError(f"rl.tasks={cfg.rl.tasks.value} is not wired into rl_async; valid: "
-                      f"{[t.value for t in RLTasks]}")
+    """The RL program of cfg's task family as a ProgramSpec every process can rebuild (after the
+    family's `prepare`, which resolves e.g. the coding pool and initial policy)."""
+    from composer_jax.rl.task_program import task_program_spec
+    return task_program_spec(cfg)
 
 
-def prepare_coding(cfg: Config) -> Config:
-    """Resolves rl.tasks=coding: coding defaults, the task pool (env.pool_dir), the initial policy
-    (rl.init_from, built from the repository's `sft` experiment when unset) and its model."""
-    cfg = with_coding_defaults(cfg)
-    pool = ensure_coding_pool(cfg)
-    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, pool_dir=str(pool)))
-    init = ensure_sft_policy(cfg, pool)
-    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, init_from=str(init)))
-    return _run_config(cfg, init)
+def prepare(cfg: Config) -> Config:
+    """The run's config resolved by its task family: a family with experiment settings of its
+    own (parity, coding) gets them first (`with_task_defaults`); then the family's `prepare`
+    (coding: the pool, the initial policy and its model)."""
+    from composer_jax.rl.tasks import get
+    defaults = {"coding": _coding_config, "parity": _config}.get(cfg.rl.task.family)
+    if defaults is not None:
+        cfg = with_task_defaults(cfg, defaults)
+    return get(cfg.rl.task.family).prepare(cfg)
 
 
-def coding_eval_fn(cfg: Config):
-    """The checkpoint evaluator's function for rl.tasks=coding: the eval suite's runner
-    (`composer_jax.eval.api.eval_resolved_rate`) on rl.num_eval_tasks held-out suite tasks."""
-    from composer_jax.data.tokenizer import load_tokenizer
-    from composer_jax.eval.api import ensure_suite, eval_resolved_rate
-    tok = load_tokenizer(pathlib.Path(cfg.rl.init_from) / "tokenizer.json")
-    suite = ensure_suite(cfg, progress=False)
-
-    def evaluate(model, version: int) -> dict:
-        return eval_resolved_rate(model, tok, cfg, num_tasks=cfg.rl.num_eval_tasks,
-                                  name=f"rl-v{version}", suite=suite)
-    return evaluate
+def make_store(cfg: Config, backend=None):
+    """The weight store the trainer publishes to, from the run's backend (local: in-process
+    transport; ray: Ray's object store)."""
+    from composer_jax.rl.backend import make_backend
+    from composer_jax.rl.settings import settings_from_config
+    from composer_jax.rl.weights import WeightSyncSettings
+    backend = backend or make_backend(settings_from_config(cfg))
+    return backend.make_store(WeightSyncSettings(**dataclasses.asdict(cfg.rl.weight_sync)))
 
 
-def make_store(cfg: Config):
-    """The weight store the trainer publishes to (in-process transport; the inference side reads
-    it in this process, or receives versions through Ray's object store with rl.backend=ray)."""
-    from composer_jax.config import RLBackend
-    from composer_jax.rl.weights import MemoryTransport, WeightStore, WeightSyncSettings
-    settings = WeightSyncSettings.from_rl(cfg.rl)
-    if cfg.rl.backend == RLBackend.RAY:
-        from composer_jax.rl.backend_ray import init_ray, make_ray_store
-        init_ray(cfg.rl.ray_address)
-        return make_ray_store(settings)
-    return WeightStore(MemoryTransport(), settings, reader_name="inference")
-
-
-def run(cfg: Config, workdir: pathlib.Path) -> dict:
-    from composer_jax.env.trust import record_in_summary, require_sandboxed_rewards
-    sandbox = (require_sandboxed_rewards(cfg.env, "rl.tasks=coding")  # before building anything
-               if cfg.rl.tasks == RLTasks.CODING else "")
-    from composer_jax.rl.driver import run_rl, settings_from_config
+def _train(cfg: Config, workdir: pathlib.Path, stop) -> dict:
+    """The run inside `stop_signals`: the family's resolved config (saved when it changed), its
+    run files, the driver on the chosen backend, then the plots."""
+    from composer_jax.rl.backend import make_backend
+    from composer_jax.rl.driver import run_rl
     from composer_jax.rl.plots import write_plots
-    if cfg.train.steps < cfg.rl.steps and cfg.train.schedule != Schedule.CONSTANT:
-        raise ConfigError(f"train.steps={cfg.train.steps} < rl.steps={cfg.rl.steps}: the learning "
-                          f"rate schedule would end before the run; raise train.steps")
-    from absl import logging
-    logging.set_verbosity(logging.WARNING)      # Orbax logs every save at INFO
-    eval_fn = None
-    if cfg.rl.tasks == RLTasks.CODING:
-        from composer_jax.api import save_config
-        cfg = prepare_coding(cfg)
-        save_config(cfg, workdir / "config.json")     # the resolved pool, policy and model
-        eval_fn = coding_eval_fn(cfg) if cfg.rl.eval_every > 0 else None
+    from composer_jax.rl.settings import settings_from_config
+    from composer_jax.rl.tasks import family_of
+    cfg = _resolve(cfg, workdir)
+    family = family_of(cfg)
+    family.write_run_files(workdir)
+    settings = settings_from_config(cfg)
+    backend = make_backend(settings)
     try:
-        summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg), make_store(cfg),
-                         eval_fn=eval_fn)
+        summary = run_rl(program_spec(cfg), workdir, settings, make_store(cfg, backend),
+                         stop_event=stop, eval_fn=family.make_eval_fn(), backend=backend)
     finally:
-        if cfg.rl.backend.value == "ray" and not cfg.rl.ray_address:
-            import ray
-            ray.shutdown()                      # the local cluster this run started
-    if sandbox:
-        summary["reward_sandbox"] = sandbox
-        record_in_summary(workdir / "rl_summary.json", sandbox)
+        backend.shutdown()
     write_plots(workdir, summary)
-    print(json.dumps({k: summary[k] for k in ("version", "rollouts_finished", "rollouts_trained",
-                                              "error_rollouts", "worker_restarts", "elapsed_s",
-                                              "rollouts_per_sec", "trainer_idle_frac", "eval")}))
     return summary
 
 
-registry.register("rl_async", "asynchronous RL (streamed rollouts, in-flight weight updates, "
-                  "staleness <= rl.max_staleness=2, fault-tolerant; local or Ray backend)",
-                  lambda: _config(2), run)
+def _resolve(cfg: Config, workdir: pathlib.Path) -> Config:
+    """`prepare(cfg)`, saved to WORKDIR/config.json when it differs from what launch.py wrote
+    (e.g. the family's own settings, the resolved pool, policy and model)."""
+    resolved = prepare(cfg)
+    if resolved != cfg:
+        from composer_jax.api import save_config
+        save_config(resolved, workdir / "config.json")
+    return resolved
+
+
+def run(cfg: Config, workdir: pathlib.Path) -> dict:
+    from composer_jax.rl.driver import finished_version
+    from composer_jax.rl.run_report import end_summary
+    from composer_jax.runlog import read_metrics
+    from composer_jax.stopping import stop_signals
+    done_at = finished_version(workdir, cfg.rl.steps)
+    if done_at is not None:
+        _resolve(cfg, workdir)          # the run's resolved config.json again, as it was
+        print(f"already finished at version {done_at} (rl.steps={cfg.rl.steps}): nothing to do; "
+              f"summary {workdir / 'rl_summary.json'}, plots {workdir / 'plots'}. Raise rl.steps "
+              f"to train on, or use another --workdir")
+        return {"version": done_at, "already_finished": True}
+    sandbox = _reward_sandbox(cfg)               # before building anything
+    with stop_signals() as stop:
+        summary = _train(cfg, workdir, stop)
+    if sandbox:
+        from composer_jax.env.trust import record_in_summary
+        summary["reward_sandbox"] = sandbox
+        record_in_summary(workdir / "rl_summary.json", sandbox)
+    name = "rl_sync" if cfg.rl.max_staleness == 0 else "rl_async"
+    print(end_summary(name, summary, workdir, read_metrics(workdir)))
+    return summary
+
+
+def _reward_sandbox(cfg: Config) -> str:
+    """A family whose reward grades code (`grades_code`) refuses the fallback sandbox unless
+    env.allow_unsandboxed_rewards=true (`env.trust`); returns what the summary records ("" when
+    sandboxed or when the family grades no code)."""
+    from composer_jax.rl.tasks import get
+    if not getattr(get(cfg.rl.task.family), "grades_code", False):
+        return ""
+    from composer_jax.env.trust import require_sandboxed_rewards
+    return require_sandboxed_rewards(cfg.env, f"rl.task={cfg.rl.task.family}")
+
+
+def check_steps(default):
+    """An RL run trains `rl.steps` versions (its learning-rate schedule spans them too:
+    `rl.step.build_rl_step`); `train.steps` is not used, so setting it is an error that says so."""
+    def check(cfg: Config) -> None:
+        if cfg.train.steps != default().train.steps:
+            raise ConfigError(f"train.steps={cfg.train.steps}: RL runs train rl.steps versions "
+                              f"(now {cfg.rl.steps}) and do not read train.steps; set rl.steps "
+                              f"instead")
+    return check
+
+
+registry.register("rl_async", "asynchronous RL on the multi-turn tool-using lookup family "
+                  "(streamed rollouts, in-flight weight updates, staleness <= rl.max_staleness=2 "
+                  "at consumption, fault-tolerant; local or Ray backend)",
+                  lambda: _lookup_config(2), run, check_steps(lambda: _lookup_config(2)),
+                  stoppable=True)
 registry.register("rl_sync", "the rl_async job with rl.max_staleness=0 (synchronous RL baseline)",
-                  lambda: _config(0), run)
+                  lambda: _lookup_config(0), run, check_steps(lambda: _lookup_config(0)),
+                  stoppable=True)
+registry.register("rl_async_parity", "rl_async on the single-turn parity family (= rl_async "
+                  "--set rl.task=parity with the parity settings)", lambda: _config(2), run,
+                  check_steps(lambda: _config(2)), stoppable=True)
 registry.register("rl_async_coding", "rl_async on sandboxed coding tasks (= rl_async --set "
-                  "rl.tasks=coding): SFT-initialised policy, real tools, eval-suite evaluator",
-                  lambda: _coding_config(2), run)
+                  "rl.task=coding): SFT-initialised policy, real tools, eval-suite evaluator",
+                  lambda: _coding_config(2), run, check_steps(lambda: _coding_config(2)),
+                  stoppable=True)

@@ -86,7 +86,9 @@ def test_cli_config_rerun_show_config_and_help(tmp_path):
     rows = {ln.split()[1]: ln for ln in r.stdout.splitlines()[2:] if ln.strip()}
     assert "130" in rows["train.steps"] and "0.125" in rows["train.lr"]
     assert rows["train.steps"].startswith("*") and not (tmp_path / "cpt_debug").exists()
-    r = _launch("--help")                 # absl exits 1 after printing the help
+    r = _launch("--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.index("--show_config") < r.stdout.index("Config keys")   # "listed after"
     assert "data.seq_len" in r.stdout and "train.wandb_project" in r.stdout
     assert "--config" in r.stdout and "--show_config" in r.stdout
 

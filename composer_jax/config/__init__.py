@@ -8,19 +8,21 @@ Every section is a frozen dataclass whose fields are plain scalars, str-valued e
 that `launch.py --set a.b=v` can type-check overrides (see `composer_jax.overrides`) and the resolved
 config serialises to `config.json` and back losslessly.
 
-The `env` and `data` sections live beside the code that uses them (`composer_jax/env/config.py`,
-`composer_jax/data/config.py`) so an environment worker can import its config without JAX; this
-module composes them. Nothing here imports JAX.
+Nothing here imports JAX or any other part of composer_jax (but `errors`): config modules sit below
+everything they configure, so an environment worker imports its config cheaply.
 
-One module per section (`model`, `execution`, `mesh`, `train`, `rl`, `eval`, `engine`), the
-validation helpers (`checks`) and the old-layout migration (`legacy`); every public name is
-re-exported here, so `from composer_jax.config import X` is the way to import any of them.
+One module per section (`model`, `execution`, `mesh`, `data`, `env`, `train`, `rl`, `eval`,
+`engine`), the validation helpers (`checks`), dict -> dataclass building (`build`) and the
+old-layout migration (`legacy`); every public name is re-exported here, so
+`from composer_jax.config import X` is the way to import any of them (the old paths
+`composer_jax.data.config` and `composer_jax.env.config` re-export their sections).
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
 
+from composer_jax.config.build import build_dataclass
 from composer_jax.config.checks import _check
 from composer_jax.config.engine import EngineConfig
 from composer_jax.config.eval import EvalConfig
@@ -31,14 +33,19 @@ from composer_jax.config.legacy import (MOVED_MODEL_KEYS, migrate_legacy_config,
 from composer_jax.config.mesh import MESH_AXES, MeshConfig
 from composer_jax.config.model import (MODEL_PRESETS, ModelConfig, RopeConfig, RopeScaling,
                                        ScoringFunc, deepseek_v3, kimi_k2_5, small, tiny)
-from composer_jax.config.rl import PolicyLoss, RLBackend, RLConfig, RLTasks, WorkerMode
+from composer_jax.config.rl import (MOVED_RL_KEYS, TASK_PRESETS, CodingTaskConfig, JobConfig,
+                                    LookupTaskConfig, ParityTaskConfig, PolicyLoss, RLBackend,
+                                    RLConfig, RLTasks, StalePolicy, TaskConfig, WeightSyncConfig,
+                                    WorkerMode, register_task_config, task_config_class)
 from composer_jax.config.train import MTPLoss, Optimizer, Schedule, TrainConfig
-from composer_jax.data.config import DataConfig
-from composer_jax.env.config import EnvConfig
+from composer_jax.config.data import DataConfig
+from composer_jax.config.env import EnvConfig
 from composer_jax.errors import ConfigError
 
 __all__ = [
-    "Config", "ConfigError", "DataConfig", "DType", "EngineConfig", "EnvConfig", "EvalConfig",
+    "CodingTaskConfig", "Config", "ConfigError", "JobConfig", "LookupTaskConfig", "MOVED_RL_KEYS",
+    "ParityTaskConfig", "StalePolicy",
+    "TASK_PRESETS", "TaskConfig", "WeightSyncConfig", "register_task_config", "task_config_class", "DataConfig", "DType", "EngineConfig", "EnvConfig", "EvalConfig",
     "ExecutionConfig", "EXECUTION_PRESETS", "MESH_AXES", "MeshConfig", "MODEL_PRESETS",
     "MODEL_PRESET_EXECUTION", "MOVED_MODEL_KEYS", "MTPLoss", "MoEImpl", "ModelConfig",
     "Optimizer", "PolicyLoss", "Precision", "RLBackend", "RLConfig", "RLTasks", "Remat",
@@ -74,7 +81,8 @@ class Config:
 
 
 # Sections that `--set SECTION=PRESET` may replace wholesale.
-SECTION_PRESETS = {"model": MODEL_PRESETS, "execution": EXECUTION_PRESETS}
+SECTION_PRESETS = {"model": MODEL_PRESETS, "execution": EXECUTION_PRESETS,
+                   "rl": {"task": TASK_PRESETS}}
 
 
 def to_dict(cfg) -> dict:
@@ -93,7 +101,6 @@ def to_dict(cfg) -> dict:
 def from_dict(cls, d: dict):
     """Inverse of `to_dict` (validates, like every construction). A Config dict in the layout
     before the `execution` section is migrated first (`migrate_legacy_config`)."""
-    from composer_jax.overrides import build_dataclass
     if cls is Config:
         d = migrate_legacy_config(d)
     return build_dataclass(cls, d)

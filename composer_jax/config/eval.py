@@ -18,7 +18,10 @@ class EvalConfig:
     under the cache (`<cache>/eval_suite/<name>-<size>-<pool key>-<builder hash>`,
     `<cache>/eval_pool/<pool key>`; the pool key hashes the task generators' code). price_*:
     dollars per million prompt / cached-prompt / generated tokens. compare: eval.json files for
-    `eval_compare`."""
+    `eval_compare`. show_token_ids: `generate` also prints each completion's token ids (it
+    prints decoded text). suite: "" = the held-out split of the policy run's own task family when
+    eval.policy is an RL run of a family with one (rl.task=lookup|parity; the task set, seeds and
+    weights of that run), else the coding suite; "cjbench" = always the coding suite."""
     num_tasks: int = 50
     max_turns: int = 80
     max_new_tokens: int = 512
@@ -38,6 +41,8 @@ class EvalConfig:
     price_cached_per_mtok: float = 0.05
     price_generated_per_mtok: float = 2.5
     compare: tuple[str, ...] = ()
+    show_token_ids: bool = False
+    suite: str = ""
 
     def __post_init__(self):
         _check(self.num_tasks >= 1 and self.max_turns >= 1 and self.max_new_tokens >= 1,
@@ -54,3 +59,6 @@ class EvalConfig:
         _check(min(self.price_prompt_per_mtok, self.price_cached_per_mtok,
                    self.price_generated_per_mtok) >= 0, "eval.price_* must be >= 0")
         _check(bool(self.policy), "eval.policy must be oracle, null, heuristic or a directory")
+        _check(self.suite in ("", "cjbench"),
+               f"eval.suite must be '' (the policy run's own held-out split) or 'cjbench', got "
+               f"{self.suite!r}")

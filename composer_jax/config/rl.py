@@ -1,10 +1,23 @@
-"""The `rl` section: asynchronous policy-gradient RL (the update step and the rl_async job)."""
+"""The `rl` section: asynchronous policy-gradient RL (the update step and the rl_async job).
+
+    rl.*              the algorithm: group size, loss, staleness, sampling, sequence length, steps
+    rl.task           the task family and its settings (`rl.task=NAME` picks a family's defaults;
+                      `rl.task.KEY=VALUE` sets one of them); see `composer_jax.agent.tasks`
+    rl.job            where and how the job runs (backend, workers, checkpoint/eval cadence)
+    rl.weight_sync    how weight versions reach the inference service (rl/weights)
+
+Each section validates itself once, on construction. Keys of the old flat layout
+(`rl.weight_sync_dtype`, `rl.backend`, `rl.tasks`, ...) are rejected with the new key's name
+(`MOVED_RL_KEYS`); old config.json files are migrated (`migrate_legacy_rl`).
+"""
 from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 
 from composer_jax.config.checks import _check, _coerce_enums
+from composer_jax.errors import ConfigError
 
 
 class PolicyLoss(str, enum.Enum):
@@ -14,7 +27,7 @@ class PolicyLoss(str, enum.Enum):
 
 class RLBackend(str, enum.Enum):
     LOCAL = "local"      # one machine: rollout workers as threads or processes, no server
-    RAY = "ray"          # the same services as Ray actors (a local cluster or rl.ray_address)
+    RAY = "ray"          # the same services as Ray actors (a local cluster or rl.job.ray_address)
 
 
 class WorkerMode(str, enum.Enum):
@@ -23,8 +36,211 @@ class WorkerMode(str, enum.Enum):
 
 
 class RLTasks(str, enum.Enum):
-    PARITY = "parity"    # the known-optimum task family of composer_jax.rl.toy_tasks
+    """The built-in task families (kept for old code; `rl.task.family` is any registered name)."""
+    PARITY = "parity"    # the known-optimum task family (composer_jax.agent.tasks.parity)
     CODING = "coding"    # sandboxed coding tasks of the env task pool (token-level agent)
+    LOOKUP = "lookup"    # multi-turn read_file/finish episodes over notes (composer_jax.agent.lookup)
+
+
+class StalePolicy(str, enum.Enum):
+    DROP = "drop"        # a group with a rollout older than rl.max_staleness is not trained
+    KEEP = "keep"        # trained anyway, corrected by the truncated importance weights
+
+
+# ---------------------------------------------------------------------------------------------
+# rl.task: one section class per task family
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """Base of every task family's section `rl.task`: `family` names the family (its registered
+    name, or a module path `pkg.module` whose import registers it); a family adds its own fields
+    in a subclass registered with `register_task_config`."""
+    family: str = "parity"
+    num_train_tasks: int = 64
+    num_eval_tasks: int = 16
+
+    def __post_init__(self):
+        _coerce_enums(self, "rl.task")
+        for f in ("num_train_tasks", "num_eval_tasks"):
+            _check(getattr(self, f) >= 1, f"rl.task.{f} must be >= 1, got {getattr(self, f)}")
+        want = _TASK_CONFIGS.get(self.family)
+        _check(want is None or isinstance(self, want),
+               f"rl.task.family={self.family!r} needs the section class {getattr(want, '__name__', '')}"
+               f", got {type(self).__name__}; select a family with --set rl.task={self.family}")
+
+    @classmethod
+    def section_class(cls, d: dict) -> type:
+        """The section class of the family a dict names (`family`; default parity)."""
+        return task_config_class(d.get("family", cls.family) if d else cls.family)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityTaskConfig(TaskConfig):
+    """rl.task=parity: kinds ("even",) is the unconditional variant; env_latency_scale > 0 adds
+    modelled sandbox time to each episode (x measured episode times, rl/latency_model.py)."""
+    family: str = "parity"
+    kinds: tuple[str, ...] = ("even", "odd")
+    env_latency_scale: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(bool(self.kinds) and set(self.kinds) <= {"even", "odd"},
+               f"rl.task.kinds must be a non-empty subset of (even, odd), got {self.kinds}")
+        _check(self.env_latency_scale >= 0,
+               f"rl.task.env_latency_scale must be >= 0 (0 = off), got {self.env_latency_scale}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CodingTaskConfig(TaskConfig):
+    """rl.task=coding: the env task pool's sandboxed episodes; init_from: the initial policy (a
+    run workdir; "" = the cached `sft` run built from the pool); tokenizer: a tokenizer.json
+    ("" = the one in init_from)."""
+    family: str = "coding"
+    init_from: str = ""
+    tokenizer: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupTaskConfig(TaskConfig):
+    """rl.task=lookup: multi-turn read_file/finish episodes over a task's notes, held-out prompt
+    keys never trained on (`composer_jax.agent.lookup`). max_turns: assistant turns per episode;
+    levels: easy (read, finish) and/or hard (read twice, finish); sft_steps: SFT steps of the
+    initial policy on training demonstrations (0 = a fresh model); length_weights: the length
+    term's scale on (easy, hard) tasks (difficulty-aware effort); sft_hasty: the fraction of SFT
+    demonstrations that guess a code without reading (finish at once, claiming success);
+    sft_seed: the seed of the SFT (its init, training tasks and demonstrations), so runs of
+    every seed share one initial policy."""
+    family: str = "lookup"
+    max_turns: int = 4
+    levels: tuple[str, ...] = ("easy",)
+    sft_steps: int = 40
+    sft_hasty: float = 0.25
+    sft_seed: int = 0
+    length_weights: tuple[float, ...] = (1.0, 0.0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(self.max_turns >= 1 and self.sft_steps >= 0,
+               f"rl.task.max_turns must be >= 1 and rl.task.sft_steps >= 0, got "
+               f"{self.max_turns}, {self.sft_steps}")
+        _check(bool(self.levels) and set(self.levels) <= {"easy", "hard"},
+               f"rl.task.levels must be a non-empty subset of (easy, hard), got {self.levels}")
+        _check(0 <= self.sft_hasty <= 1,
+               f"rl.task.sft_hasty must be in [0, 1], got {self.sft_hasty}")
+        _check(len(self.length_weights) == 2 and min(self.length_weights) >= 0,
+               f"rl.task.length_weights must be two weights >= 0 (easy, hard), got "
+               f"{self.length_weights}")
+
+
+_TASK_CONFIGS: dict[str, type[TaskConfig]] = {"parity": ParityTaskConfig,
+                                              "coding": CodingTaskConfig,
+                                              "lookup": LookupTaskConfig}
+
+
+def register_task_config(name: str, cls: type[TaskConfig]) -> None:
+    """Registers the section class of task family `name` (a subclass of TaskConfig whose
+    `family` default is `name`)."""
+    if not (isinstance(cls, type) and issubclass(cls, TaskConfig)):
+        raise ConfigError(f"task family {name!r}: its config must subclass TaskConfig, got {cls!r}")
+    if cls().family != name:
+        raise ConfigError(f"task family {name!r}: {cls.__name__}.family defaults to "
+                          f"{cls().family!r}; set it to {name!r}")
+    _TASK_CONFIGS[name] = cls
+
+
+def task_config_class(name: str) -> type[TaskConfig]:
+    """The section class of a family; a name with a dot is a module imported to register it."""
+    if name not in _TASK_CONFIGS and "." in name:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"rl.task={name!r}: cannot import the task family module: {e}") from None
+    if name not in _TASK_CONFIGS:
+        raise ConfigError(f"unknown rl task family {name!r}; registered: {sorted(_TASK_CONFIGS)} "
+                          f"(a plug-in family is a module path, --set rl.task=package.module)")
+    return _TASK_CONFIGS[name]
+
+
+class _TaskPresets(dict):
+    """`--set rl.task=NAME`: the named family's default section (resolved on lookup)."""
+
+    def __contains__(self, name) -> bool:
+        try:
+            task_config_class(name)
+        except ConfigError:
+            return False
+        return True
+
+    def __getitem__(self, name):
+        return task_config_class(name)
+
+    def __iter__(self):
+        return iter(sorted(_TASK_CONFIGS))
+
+    def __len__(self) -> int:
+        return len(_TASK_CONFIGS)
+
+    def keys(self):
+        return sorted(_TASK_CONFIGS)
+
+
+TASK_PRESETS = _TaskPresets()
+
+
+# ---------------------------------------------------------------------------------------------
+# rl.job, rl.weight_sync
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """Where the rl_async job runs: backend local (threads/processes here) or ray (actors;
+    ray_address "" starts a local cluster); worker_mode: local rollout workers as threads or
+    JAX-free processes; num_rollout_workers: concurrent episodes; checkpoint_every: trainer state
+    + consumed rollout ids every N versions; eval_every: held-out evaluation every N versions
+    (0 = off)."""
+    backend: RLBackend = RLBackend.LOCAL
+    ray_address: str = ""
+    worker_mode: WorkerMode = WorkerMode.THREAD
+    num_rollout_workers: int = 8
+    checkpoint_every: int = 5
+    eval_every: int = 10
+
+    def __post_init__(self):
+        _coerce_enums(self, "rl.job")
+        for f in ("num_rollout_workers", "checkpoint_every"):
+            _check(getattr(self, f) >= 1, f"rl.job.{f} must be >= 1, got {getattr(self, f)}")
+        _check(self.eval_every >= 0, f"rl.job.eval_every must be >= 0 (0 = off), got {self.eval_every}")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSyncConfig:
+    """The weight store (fields of `rl.weights.WeightSyncSettings`): a full snapshot every K
+    versions, deltas between; dtype of the shipped inference copy ("" = as trained), names kept
+    in their own dtype, chunk size (elements), delta codec (sparse: positions + XOR | xor), zstd
+    level, encode/decode threads (0 = min(8, cpus))."""
+    full_snapshot_every: int = 10
+    dtype: str = "bfloat16"
+    keep_dtype: tuple[str, ...] = ("*bias",)
+    chunk_elems: int = 1 << 20
+    codec: str = "sparse"
+    zstd_level: int = 3
+    threads: int = 0
+
+    def __post_init__(self):
+        p = "rl.weight_sync."
+        _check(self.full_snapshot_every >= 1, f"{p}full_snapshot_every must be >= 1")
+        _check(self.codec in ("sparse", "xor"),
+               f"{p}codec must be 'sparse' or 'xor', got {self.codec!r}")
+        _check(self.chunk_elems >= 1 and self.threads >= 0 and 1 <= self.zstd_level <= 22,
+               f"{p}chunk_elems must be >= 1, {p}threads >= 0 and {p}zstd_level in [1, 22]")
+
+
+# ---------------------------------------------------------------------------------------------
+# rl
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,58 +254,83 @@ class RLConfig:
     loss_normalizer: float = 4096.0     # token sums are divided by this constant (Dr.GRPO)
     kl_coef: float = 0.0                # k1 KL penalty placed in the reward
     max_staleness: int = 4              # admission control: versions ahead of the trainer
-    full_snapshot_every: int = 10       # weight sync: a full snapshot every K versions
-    weight_sync_dtype: str = "bfloat16"           # the shipped inference copy ("" = as trained)
-    weight_sync_keep_dtype: tuple[str, ...] = ("*bias",)  # names shipped in their own dtype
-    weight_sync_chunk_elems: int = 1 << 20        # delta/snapshot chunk size (elements)
-    weight_sync_codec: str = "sparse"             # delta codec: sparse (positions + XOR) | xor
-    weight_sync_zstd_level: int = 3
-    weight_sync_threads: int = 0                  # encode/decode threads (0 = min(8, cpus))
-    # --- the update step (issue 15: composer_jax.rl.step) ---
+    stale_policy: StalePolicy = StalePolicy.DROP   # at consumption, a group older than max_staleness
+    error_penalty: float = 1.0          # an error rollout with trainable tokens gets reward -error_penalty
     router_replay: bool = True          # the trainer's forward reuses the experts chosen at sampling
     summary_trigger_tokens: int = 0     # self-summarization when the context passes this (0 = off)
-    # --- the rl_async / rl_sync job (issue 17: composer_jax.rl.driver, experiments/rl.py) ---
-    backend: RLBackend = RLBackend.LOCAL     # local: threads/processes here | ray: Ray actors
-    ray_address: str = ""               # backend=ray: "" starts a local Ray cluster in the run
-    worker_mode: WorkerMode = WorkerMode.THREAD   # local backend: rollout workers as threads|processes
-    num_rollout_workers: int = 8        # concurrent episodes
     batch_groups: int = 4               # B: groups (of group_size samples) per trainer step
     steps: int = 40                     # trainer versions to reach
-    checkpoint_every: int = 5           # trainer state + consumed rollout ids, every N versions
-    eval_every: int = 10                # held-out evaluation every N versions (0 = off)
-    tasks: RLTasks = RLTasks.PARITY     # parity: known-optimum family | coding: the env task pool
-    num_train_tasks: int = 64
-    num_eval_tasks: int = 16
     max_new_tokens: int = 8             # per assistant turn
-    temperature: float = 1.0            # sampling temperature of training episodes (eval: greedy)
+    temperature: float = 1.0            # sampling temperature of training episodes
+    eval_greedy: bool = True            # held-out episodes greedy; False: sampled at rl.temperature
+                                        # with a fixed seed per (version, task)
     seq_len: int = 64                   # trainer row length (tokens)
-    parity_kinds: tuple[str, ...] = ("even", "odd")   # tasks=parity: ("even",) = unconditional
-    env_latency_scale: float = 0.0      # tasks=parity: x measured sandbox episode times (rl/latency_model.py; 0 = off)
-    init_from: str = ""                 # tasks=coding: policy checkpoint (workdir); "" = the cached `sft` run
+    task: TaskConfig = ParityTaskConfig()
+    job: JobConfig = JobConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
 
     def __post_init__(self):
         _coerce_enums(self, "rl")
-        _check(self.group_size >= 1, "rl.group_size must be >= 1")
+        _check(self.group_size >= 2,
+               f"rl.group_size={self.group_size}: advantages are group-relative (reward minus the "
+               f"mean of the task's group), so a group of one has advantage 0 and no gradient; "
+               f"use rl.group_size >= 2")
         _check(self.is_truncation >= 1, "rl.is_truncation must be >= 1")
         _check(0 < self.clip_eps < 1, "rl.clip_eps must be in (0, 1)")
         _check(self.loss_normalizer > 0, "rl.loss_normalizer must be > 0")
         _check(self.max_staleness >= 0, "rl.max_staleness must be >= 0")
-        _check(self.full_snapshot_every >= 1, "rl.full_snapshot_every must be >= 1")
-        _check(self.weight_sync_codec in ("sparse", "xor"),
-               f"rl.weight_sync_codec must be 'sparse' or 'xor', got {self.weight_sync_codec!r}")
-        _check(self.weight_sync_chunk_elems >= 1 and self.weight_sync_threads >= 0
-               and 1 <= self.weight_sync_zstd_level <= 22,
-               "rl.weight_sync_chunk_elems must be >= 1, rl.weight_sync_threads >= 0 and "
-               "rl.weight_sync_zstd_level in [1, 22]")
+        _check(self.error_penalty >= 0, f"rl.error_penalty must be >= 0, got {self.error_penalty}")
         _check(self.kl_coef >= 0, f"rl.kl_coef must be >= 0 (0 = no reference policy), got {self.kl_coef}")
         _check(self.summary_trigger_tokens >= 0,
                f"rl.summary_trigger_tokens must be >= 0 (0 = off), got {self.summary_trigger_tokens}")
-        for f in ("num_rollout_workers", "batch_groups", "steps", "checkpoint_every",
-                  "num_train_tasks", "num_eval_tasks", "max_new_tokens", "seq_len"):
+        for f in ("batch_groups", "steps", "max_new_tokens", "seq_len"):
             _check(getattr(self, f) >= 1, f"rl.{f} must be >= 1, got {getattr(self, f)}")
-        _check(self.eval_every >= 0, f"rl.eval_every must be >= 0 (0 = off), got {self.eval_every}")
+        _check(self.max_new_tokens < self.seq_len,
+               f"rl.max_new_tokens={self.max_new_tokens} must be < rl.seq_len={self.seq_len}: a "
+               f"trainer row holds the prompt and the reply")
         _check(self.temperature >= 0, f"rl.temperature must be >= 0, got {self.temperature}")
-        _check(self.env_latency_scale >= 0,
-               f"rl.env_latency_scale must be >= 0 (0 = off), got {self.env_latency_scale}")
-        _check(bool(self.parity_kinds) and set(self.parity_kinds) <= {"even", "odd"},
-               f"rl.parity_kinds must be a non-empty subset of (even, odd), got {self.parity_kinds}")
+        _check(isinstance(self.task, TaskConfig),
+               f"rl.task must be a task family's section (TaskConfig), got {type(self.task).__name__}")
+
+
+# Keys of the flat layout before the rl sections: rl.KEY -> the new dotted key under rl.
+MOVED_RL_KEYS = {
+    "full_snapshot_every": "weight_sync.full_snapshot_every",
+    **{f"weight_sync_{k}": f"weight_sync.{k}" for k in (
+        "dtype", "keep_dtype", "chunk_elems", "codec", "zstd_level", "threads")},
+    **{k: f"job.{k}" for k in ("backend", "ray_address", "worker_mode", "num_rollout_workers",
+                               "checkpoint_every", "eval_every")},
+    "tasks": "task", "parity_kinds": "task.kinds", "env_latency_scale": "task.env_latency_scale",
+    "init_from": "task.init_from", "num_train_tasks": "task.num_train_tasks",
+    "num_eval_tasks": "task.num_eval_tasks", "max_turns": "task.max_turns",
+    "lookup_levels": "task.levels", "lookup_sft_steps": "task.sft_steps",
+    "lookup_sft_hasty": "task.sft_hasty", "lookup_sft_seed": "task.sft_seed",
+    "lookup_length_weights": "task.length_weights"}
+
+
+def migrate_legacy_rl(rl: dict) -> dict:
+    """An rl section dict of the flat layout (old config.json) in today's layout; a dict in
+    today's layout comes back unchanged (a value already in the new place wins)."""
+    old = set(rl) & set(MOVED_RL_KEYS)
+    if not old:
+        return rl
+    out = {k: v for k, v in rl.items() if k not in old}
+    task = dict(out.get("task") or {})
+    if "tasks" in rl:
+        task.setdefault("family", rl["tasks"])
+    for k in old - {"tasks"}:
+        section, _, leaf = MOVED_RL_KEYS[k].partition(".")
+        target = task if section == "task" else out.setdefault(section, {})
+        if section != "task":
+            out[section] = target = dict(target)
+        target.setdefault(leaf, rl[k])
+    family = task.get("family", "parity")
+    if family != "parity":      # fields another family's section does not have
+        task.pop("kinds", None), task.pop("env_latency_scale", None)
+    if family != "coding":
+        task.pop("init_from", None)
+    if family != "lookup":
+        for k in ("max_turns", "levels", "sft_steps", "sft_hasty", "sft_seed", "length_weights"):
+            task.pop(k, None)
+    out["task"] = task
+    return out

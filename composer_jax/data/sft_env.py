@@ -101,7 +101,7 @@ def oracle_episodes(pool_dir: str | Path, env_cfg=None, workers: int = 1, limit:
     episode that raised comes back as its exception, so one broken task cannot stop the others."""
     from composer_jax.env.agents import OracleAgent
     from composer_jax.env.config import EnvConfig
-    from composer_jax.env.episode import run_episode
+    from composer_jax.agent.episode import run_episode
     from composer_jax.env.tasks.pool import TaskPool
 
     pool_manifest(pool_dir)

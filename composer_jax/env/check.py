@@ -23,9 +23,9 @@ import time
 
 from tqdm.auto import tqdm
 
+from composer_jax.agent.episode import run_episode
 from composer_jax.env.agents import OracleAgent, null_agent
 from composer_jax.env.config import EnvConfig
-from composer_jax.env.episode import run_episode
 from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
 from composer_jax.errors import ComposerError
 from composer_jax.runlog import MetricsWriter

@@ -17,9 +17,14 @@
                 from real token counts (`EffortCounts`, split by a token-level agent); without
                 them x = w_tok * tokens + w_call * calls + w_turn * turns
   communication reward_communication for a clear, short final message on a resolved task: non-empty,
-                not hedging, at most reward_communication_max_tokens tokens
+                claiming success, at most reward_communication_max_tokens tokens
   outside_edits reward_outside_edit if files other than the task's editable files were changed
-  false_claim   reward_false_claim if the final message claims success but the tests deny it
+  false_claim   reward_false_claim if the agent claims success but the tests deny it
+The claim of success is a structured signal: `claimed`, the `success` argument of the agent's
+`finish` call. Only callers without one (text-only agents, old transcripts) pass claimed=None, and
+then the final message is read with the `claims_success` heuristic.
+`length_weight` scales the length term per task (difficulty-aware effort: 1 on easy tasks, which
+are rewarded for finishing fast, 0 on hard ones, which are not punished for thinking longer).
   tampering     reward_tampering if the grader found tampering (test framework, grader, interpreter
                 startup or process exit manipulated; `composer_jax.env.tamper`); the base is then 0
 Every component is reported on its own (`RewardBreakdown.as_dict`).
@@ -103,11 +108,16 @@ class RewardBreakdown:
 def compute_reward(*, resolved: bool, f2p_fraction: float, num_calls: int, num_invalid_calls: int,
                    num_tokens: int, num_turns: int, changed_files, editable_files,
                    final_message: str, cfg: EnvConfig, tampered: bool = False,
-                   counts: EffortCounts | None = None) -> RewardBreakdown:
+                   counts: EffortCounts | None = None, claimed: bool | None = None,
+                   length_weight: float = 1.0) -> RewardBreakdown:
     """All reward components for one finished episode (see the module docstring).
 
     num_tokens: generated tokens (used for the effort only when `counts` is None); counts: real
-    token counts split by kind. `effort` in the breakdown is x (not a reward term)."""
+    token counts split by kind; claimed: the agent's structured claim of success (None: read the
+    final message with `claims_success`); length_weight: the task's scale of the length term.
+    `effort` in the breakdown is x (not a reward term)."""
+    if length_weight < 0:
+        raise ValueError(f"length_weight must be >= 0, got {length_weight}")
     if tampered:
         resolved, f2p_fraction = False, 0.0
     base = 1.0 if resolved else cfg.reward_partial_credit * f2p_fraction
@@ -115,14 +125,16 @@ def compute_reward(*, resolved: bool, f2p_fraction: float, num_calls: int, num_i
     num_valid = max(num_calls - num_invalid_calls, 0)
     valid = cfg.reward_valid_call * base * (num_valid / num_calls if num_calls else 0.0)
     x = effort(cfg, num_calls=num_calls, num_turns=num_turns, num_tokens=num_tokens, counts=counts)
-    length = cfg.reward_length_coef * length_penalty(x, cfg.reward_length_k, cfg.reward_length_q)
+    length = (length_weight * cfg.reward_length_coef
+              * length_penalty(x, cfg.reward_length_k, cfg.reward_length_q))
     outside = set(changed_files) - set(editable_files)
     outside_pen = cfg.reward_outside_edit if outside else 0.0
-    false_claim = cfg.reward_false_claim if (not resolved and claims_success(final_message)) else 0.0
+    claim = claims_success(final_message) if claimed is None else bool(claimed)
+    false_claim = cfg.reward_false_claim if (not resolved and claim) else 0.0
     tampering = cfg.reward_tampering if tampered else 0.0
     final_tokens = (counts.final_message_tokens if counts is not None
                     else max(1, len(final_message or "") // 4) if (final_message or "").strip() else 0)
-    clear = (bool((final_message or "").strip()) and not _DOUBT.search(final_message)
+    clear = (bool((final_message or "").strip()) and claim
              and final_tokens <= cfg.reward_communication_max_tokens)
     communication = cfg.reward_communication if (resolved and clear) else 0.0
     total = (base + valid + communication

@@ -122,7 +122,7 @@ def eval_resolved_rate(model, tokenizer, cfg, *, num_tasks: int = 4, style: str 
                        name: str = "checkpoint", suite: Suite | None = None,
                        engine=None) -> dict:
     """The RL evaluator's hook: greedy episodes of `model` (an nnx model) on the first `num_tasks`
-    suite tasks with one prompt style, run as RL runs them (`rl.agent.TokenAgent` sessions on an
+    suite tasks with one prompt style, run as RL runs them (`agent.token_agent.TokenAgent` sessions on an
     inference engine service, `cfg.inference` knobs, `rl.summary_trigger_tokens`); returns
     {"eval_resolved_rate", "eval_partial", "eval_tasks", "eval_suite_id", "eval_price",
     "eval_generated_tokens"}.

@@ -1,7 +1,7 @@
 """One finished evaluation episode as the runner scores it, from either episode loop.
 
 Reference agents run the environment's text loop (`env.episode.run_episode` -> `Episode`); model
-policies run the token-level agent RL samples with (`rl.agent.TokenAgent` -> `Rollout`). Both
+policies run the token-level agent RL samples with (`agent.token_agent.TokenAgent` -> `Rollout`). Both
 become an `EpisodeFacts`, so every metric is computed the same way whichever loop ran.
 
 Prompt-cost accounting of a token-level episode (`rollout_prompt_tokens`): turn i of a segment

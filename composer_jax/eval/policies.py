@@ -4,15 +4,16 @@
   oracle      the environment's scripted oracle (replays the reference fix through the tools)
   null        finishes at once
   heuristic   the scripted mutation-repair baseline (`composer_jax.eval.heuristic`)
-  PATH        a training run's workdir (config.json + tokenizer.json + checkpoints/, the newest
-              checkpoint) or a Hugging Face checkpoint directory (config.json + safetensors, with a
-              tokenizer.json beside them)
+  PATH        a run's workdir (pretraining, SFT or RL: config.json + tokenizer.json +
+              checkpoints/, the newest checkpoint; PATH@STEP for one checkpoint, an RL run's
+              policy version) or a Hugging Face checkpoint directory (config.json + safetensors,
+              with a tokenizer.json beside them)
 
 A `Policy` runs one episode per call (`episode(task, task_dir, env_cfg, seed) -> EpisodeFacts`).
 Reference agents run in the environment's text loop, one agent per episode (`agent(task,
 task_dir, seed)`), metered turn by turn (`Meter`) with the characters/4 estimate on the rendered
 prompt: prompt tokens, the part already sent in the previous turn (cacheable), generated tokens.
-Models (`ModelPolicy`) run RL's token-level agent on the inference engine service, and are
+Models (`ModelPolicy`) run the token-level agent (`composer_jax.agent.token_agent`, as RL does) on the inference engine service, and are
 metered in real tokens from the rollout (`episodes.rollout_prompt_tokens`).
 """
 from __future__ import annotations
@@ -23,8 +24,8 @@ import uuid
 import zlib
 from typing import Callable
 
+from composer_jax.agent.episode import approx_tokens, run_episode
 from composer_jax.env.agents import OracleAgent, null_agent
-from composer_jax.env.episode import approx_tokens, run_episode
 from composer_jax.env.protocol import render_prompt
 from composer_jax.env.tools import TOOL_SPECS
 from composer_jax.eval.episodes import EpisodeFacts, facts_from_episode, facts_from_rollout
@@ -106,7 +107,7 @@ class ReferencePolicy(Policy):
 
 
 class ModelPolicy(Policy):
-    """A model sampled exactly as RL samples it: each episode is a `rl.agent.TokenAgent` run on one
+    """A model sampled exactly as RL samples it: each episode is an `agent.token_agent.TokenAgent` run on one
     shared inference engine service (`inference.Engine`, started with a background driver), in its
     own engine session, so the conversation's prefix stays in the cache across turns and only new
     tokens (tool results, the next turn's header) are fed. Concurrent episodes (the runner's
@@ -117,7 +118,7 @@ class ModelPolicy(Policy):
     max_len = max_context) and stopped by `close`. Sampling: `temperature` (0 = greedy), one PRNG
     stream per (episode seed, turn) so results do not depend on scheduling. `scripted`: a test
     hook, `(task, task_dir) -> (messages -> text)`, whose text is forced through the engine
-    instead of sampling (`rl.agent.ScriptedPolicy`)."""
+    instead of sampling (`agent.token_agent.ScriptedPolicy`)."""
     kind = "model"
 
     def __init__(self, name: str, model, tokenizer, *, max_new_tokens: int, temperature: float,
@@ -126,7 +127,7 @@ class ModelPolicy(Policy):
                  scripted: Callable | None = None):
         from composer_jax.inference import EngineConfig
         from composer_jax.inference.engine import Engine
-        from composer_jax.rl.agent import AgentConfig
+        from composer_jax.agent.token_agent import AgentConfig
 
         self.name, self.tokenizer, self._info = name, tokenizer, describe or {}
         self.max_context, self._scripted = max_context, scripted
@@ -152,12 +153,12 @@ class ModelPolicy(Policy):
     def episode(self, task, task_dir, env_cfg, seed: int) -> EpisodeFacts:
         """One `TokenAgent` episode on the shared engine -> its EpisodeFacts (a crashed episode is
         scored unresolved, its error kept in `EpisodeFacts.error`)."""
-        from composer_jax.rl.agent import ScriptedPolicy, TokenAgent
+        from composer_jax.agent.token_agent import ScriptedPolicy, SeededTurns, TokenAgent
 
         if self._scripted is not None:
             turn_policy = ScriptedPolicy(self._scripted(task, task_dir), self.tokenizer)
         else:
-            turn_policy = _SeededTurns(zlib.crc32(f"{task.task_id}:{seed}".encode()))
+            turn_policy = SeededTurns(zlib.crc32(f"{task.task_id}:{seed}".encode()))
         agent = TokenAgent(self.engine, self.tokenizer, self.agent_cfg, env_cfg, turn_policy)
         rollout = agent.run(task, task_dir, group_id=f"eval/{task.task_id}",
                             rollout_id=f"eval-{uuid.uuid4().hex}")
@@ -166,20 +167,6 @@ class ModelPolicy(Policy):
     def close(self) -> None:
         if self._own:
             self.engine.stop()
-
-
-class _SeededTurns:
-    """TokenAgent turn policy: the configured sampling with a PRNG seed fixed per (episode seed,
-    turn), so a sample's tokens do not depend on which requests share the engine's batch."""
-
-    def __init__(self, seed: int):
-        self.seed = int(seed)
-
-    def __call__(self, request):
-        kind = 1 if request.kind == "summary" else 0
-        return dataclasses.replace(request.params,
-                                   seed=(self.seed * 100_003 + 2 * request.turn_index + kind)
-                                   % (2 ** 31))
 
 
 def load_model(path: pathlib.Path, cfg=None):
@@ -191,16 +178,18 @@ def load_model(path: pathlib.Path, cfg=None):
     from composer_jax.errors import ComposerError
     from composer_jax.train.weights import load_weights
 
-    path = pathlib.Path(path)
+    from composer_jax.train.run_checkpoint import parse_run_source
+    source = str(path)
+    path, _ = parse_run_source(source)
     try:
-        weights = load_weights(str(path), cfg or Config())
+        weights = load_weights(source, cfg or Config())
     except ComposerError as e:
-        raise PolicyError(f"eval.policy={str(path)!r}: {e}") from None
+        raise PolicyError(f"eval.policy={source!r}: {e}") from None
     tok = weights.tokenizer_path or path / "tokenizer.json"
     if not pathlib.Path(tok).is_file():
         raise PolicyError(f"{path} has no tokenizer.json; copy the tokenizer.json the model was "
                           f"trained with into it")
-    info = {"path": str(path), "source": weights.kind, "model": weights.model_cfg.name}
+    info = {"path": source, "source": weights.kind, "model": weights.model_cfg.name}
     if weights.step is not None:
         info["step"] = int(weights.step)
     return weights.model(), load_tokenizer(tok), info
@@ -211,12 +200,15 @@ def make_policy(spec: str, cfg=None, *, max_new_tokens: int = 512, temperature: 
     """The policy `eval.policy` names (see the module docstring)."""
     if spec in REFERENCE_POLICIES:
         return ReferencePolicy(spec)
-    path = pathlib.Path(spec).expanduser()
+    from composer_jax.train.run_checkpoint import parse_run_source
+    path, step = parse_run_source(spec)
     if not path.exists():
         raise PolicyError(f"eval.policy={spec!r}: not one of {REFERENCE_POLICIES} and no such "
-                          f"directory (give a training run's workdir or a Hugging Face directory)")
-    model, tokenizer, info = load_model(path, cfg)
-    return ModelPolicy(path.name, model, tokenizer, max_new_tokens=max_new_tokens,
+                          f"directory (give a run's workdir, WORKDIR@STEP, or a Hugging Face "
+                          f"directory)")
+    model, tokenizer, info = load_model(spec, cfg)
+    name = path.name + (f"@{step}" if step is not None else "")
+    return ModelPolicy(name, model, tokenizer, max_new_tokens=max_new_tokens,
                        temperature=temperature, max_context=max_context, concurrency=concurrency,
                        seed=seed, describe=info, engine_cfg=cfg.inference if cfg else None,
                        summary_trigger_tokens=cfg.rl.summary_trigger_tokens if cfg else 0)

@@ -230,7 +230,7 @@ def oracle_check(env_cfg):
     builder only, so what it keeps must not depend on a run's eval limits); a task the grader
     does not then resolve is rejected, the returned text says how it failed."""
     from composer_jax.env.agents import OracleAgent
-    from composer_jax.env.episode import run_episode
+    from composer_jax.agent.episode import run_episode
     env_cfg = dataclasses.replace(env_cfg, max_turns=ORACLE_CHECK_MAX_TURNS,
                                   max_tokens=max(env_cfg.max_tokens, 1 << 24),
                                   episode_time_s=max(env_cfg.episode_time_s, 1800.0))

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 
 from composer_jax.errors import ComposerError
-from composer_jax.inference.sampling import SamplingParams
+from composer_jax.inference.params import SamplingParams
 
 
 class PromptTooLongError(ComposerError, ValueError):
@@ -58,6 +58,22 @@ class Completion:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def to_fields(self) -> dict:
+        """The sampled record as plain fields (lists, numpy arrays, str): what crosses a pipe or
+        Ray between a policy server and a rollout worker."""
+        return {"tokens": list(self.tokens), "logprobs": list(self.logprobs),
+                "raw_logprobs": list(self.raw_logprobs), "versions": list(self.versions),
+                "router_indices": [np.asarray(r) for r in self.router_indices],
+                "prompt_router_indices": (None if self.prompt_router_indices is None
+                                          else np.asarray(self.prompt_router_indices)),
+                "prompt_router_start": int(self.prompt_router_start),
+                "finish_reason": self.finish_reason}
+
+    @classmethod
+    def from_fields(cls, fields: dict) -> "Completion":
+        """The inverse of `to_fields` (request id -1, no prompt: the worker holds those)."""
+        return cls(-1, [], SamplingParams(), **fields)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""Reinforcement learning: rollout records, the token-level agent, the RL update step and its
-orchestration.
+"""Reinforcement learning: the RL update step, the services (trainer, inference, evaluators,
+rollout jobs), the backends that place them, the driver (`run_rl`) and the registry of task
+families (`rl.tasks`).
 
-`composer_jax.rl.rollout` (the `Rollout` record) is numpy-only so environment workers and Ray
-actors can import it without JAX; this package's `__init__` therefore imports nothing heavy.
-Import submodules directly: `from composer_jax.rl.rollout import Rollout`,
-`from composer_jax.rl.agent import TokenAgent`.
+What an agent is (the episode loop, the token-level agent, rollout records, self-summarization,
+the task-family protocol) lives below this package in `composer_jax.agent`, which never imports
+JAX; the old paths `rl.rollout`, `rl.agent` and `rl.summarize` re-export it. This package's
+`__init__` imports nothing heavy: import submodules directly.
 """

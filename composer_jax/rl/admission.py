@@ -10,9 +10,10 @@ advances `v` only once the inference service has loaded version v, so every toke
 sampled by a version >= the one that admitted it, and at most (S + 1)·B groups are started but not
 consumed. When groups finish in the order they started, each is trained at most S versions after
 the version that sampled it. A straggler (a group that finishes after groups started later) can be
-older, since the trainer takes complete groups as they come and never waits for one: the run
-reports it in `staleness_max` (the default S=2 parity run: 6 of 8000 rollouts at staleness 3). Finished rollouts are never dropped for
-being old: the rule limits what starts, not what is kept. `S = 0` is synchronous RL: one batch is
+older, since the trainer takes complete groups as they come and never waits for one; the
+trainer bounds it at consumption (`rl/trainer.py`, rl.stale_policy: "drop" sets such a group
+aside, and `release_to` gives its slot back, so `started - released` is what counts against
+the capacity; "keep" trains it with the IS correction). `S = 0` is synchronous RL: one batch is
 generated with version v, trained, then the next one starts.
 
 Pure bookkeeping, no threads and no clock: the dispatcher asks `can_start()` and calls
@@ -32,6 +33,7 @@ class AdmissionControl:
     max_staleness: int         # S
     started: int = 0           # groups ever started (accepted + running), over every life of the run
     version: int = 0           # trainer version v
+    released: int = 0          # started groups dropped at consumption (their slots are free again)
 
     def __post_init__(self):
         if self.batch_groups < 1:
@@ -44,12 +46,24 @@ class AdmissionControl:
         """Most groups that may have started by trainer version `version`."""
         return (self.max_staleness + self.version + 1) * self.batch_groups
 
+    @property
+    def active(self) -> int:
+        """Started groups that count against the capacity: started minus released."""
+        return self.started - self.released
+
     def free(self) -> int:
         """How many more groups may start now (>= 0)."""
-        return max(0, self.capacity - self.started)
+        return max(0, self.capacity - self.active)
 
     def can_start(self) -> bool:
-        return self.started < self.capacity
+        return self.active < self.capacity
+
+    def release_to(self, released: int) -> None:
+        """The trainer has dropped `released` started groups in all (counts only grow)."""
+        if released < self.released:
+            raise RuntimeError(f"admission: released groups went back from {self.released} to "
+                               f"{released}")
+        self.released = released
 
     def start(self) -> None:
         """Records that one group started; it must have been allowed."""

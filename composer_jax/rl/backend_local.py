@@ -1,9 +1,9 @@
-"""The embedded backend (`rl.backend=local`): rollout workers as threads or processes on this
+"""The embedded backend (`rl.job.backend=local`): rollout workers as threads or processes on this
 machine, the inference service and the trainer in the driver process. No server to start.
 
-- `rl.worker_mode=thread`: each worker is a thread that calls the in-process policy server
+- `rl.job.worker_mode=thread`: each worker is a thread that calls the in-process policy server
   directly (episodes spend their time in sandbox subprocesses and the engine, which release the GIL).
-- `rl.worker_mode=process`: each worker is a spawned Python process that never imports JAX; it runs
+- `rl.job.worker_mode=process`: each worker is a spawned Python process that never imports JAX; it runs
   the environment side of the episode and reaches the policy through a pipe, served by one thread of
   the driver per worker. A worker that dies (SIGKILL, OOM) is detected by the broken pipe: its
   running episode goes back to the driver to run again (it had not finished, so nothing is lost)
@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 
 from composer_jax.rl.program import LocalClient, ProgramSpec, build_program
 from composer_jax.rl.rollout import Rollout
-from composer_jax.rl.services import Job, run_job
+from composer_jax.rl.jobs import Job, run_job
 
 
 class _PoolBase:

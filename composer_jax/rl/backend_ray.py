@@ -1,7 +1,7 @@
-"""The Ray backend (`rl.backend=ray`): the same services as Ray actors.
+"""The Ray backend (`rl.job.backend=ray`): the same services as Ray actors.
 
 - `init_ray(address)`: "" starts a local Ray cluster inside the run (CI, a laptop); an address
-  (`rl.ray_address=HOST:PORT` or "auto") joins an existing cluster. Workers find this code through
+  (`rl.job.ray_address=HOST:PORT` or "auto") joins an existing cluster. Workers find this code through
   PYTHONPATH (set from the driver's sys.path for a local cluster; on a real cluster install the
   package on every node: `pip install -e .`).
 - Weights travel through Ray's object store (`rl.weights.ray_transport.RayTransport`): the trainer
@@ -23,7 +23,8 @@ import uuid
 
 from composer_jax.rl.program import ProgramSpec, build_program
 from composer_jax.rl.rollout import Rollout
-from composer_jax.rl.services import InferenceService, Job, run_job
+from composer_jax.rl.inference_service import InferenceService
+from composer_jax.rl.jobs import Job, run_job
 
 NAMESPACE = "composer_jax"
 _ENV_VARS = ("JAX_PLATFORMS", "XLA_FLAGS", "COMPOSER_JAX_CACHE", "JAX_DEFAULT_MATMUL_PRECISION")
@@ -34,7 +35,7 @@ def _ray():
         import ray
     except ImportError as e:
         from composer_jax.errors import ConfigError
-        raise ConfigError("rl.backend=ray needs the `ray` package (pinned in requirements.txt: "
+        raise ConfigError("rl.job.backend=ray needs the `ray` package (pinned in requirements.txt: "
                           "pip install -r requirements.txt)") from e
     return ray
 
@@ -105,7 +106,7 @@ class RayInference:
         handle = getattr(store, "ray_handle", None)
         if handle is None:
             from composer_jax.errors import ConfigError
-            raise ConfigError("rl.backend=ray needs the weight store on Ray's object store "
+            raise ConfigError("rl.job.backend=ray needs the weight store on Ray's object store "
                               "(backend_ray.make_ray_store)")
         actor = ray.remote(num_cpus=0, max_concurrency=settings.num_workers + 4)(_InferenceActor)
         self.actor = actor.remote(spec.factory, spec.kwargs, handle, settings.weight_poll_s)

@@ -36,42 +36,18 @@ def resolved_of(rollout: Rollout) -> float:
 
 
 def make_batch(rollouts: Sequence[Rollout], *, seq_len: int, batch_size: int | None = None,
-               router_replay: bool = True) -> dict[str, np.ndarray]:
-    """The training arrays of `rollouts` (module docstring). Error rollouts (`rollout.error`) are
-    left out. seq_len: T (a longer segment is an error: raise the length or summarise earlier);
+               router_replay: bool = True,
+               error_reward: float | None = None) -> dict[str, np.ndarray]:
+    """The training arrays of `rollouts` (module docstring). Error rollouts (`rollout.error`):
+    with `error_reward` set, those with sampled tokens are trained with that reward (a crashed
+    episode is penalised, never escapes a negative reward) and those without are left out (nothing
+    to train; `batch_metrics.error_metrics` counts both); with None every error rollout is left
+    out. seq_len: T (a longer segment is an error: raise the length or summarise earlier);
     batch_size: pad to this many rows (default: exactly the number of segments); router_replay:
     include `router_replay` (needs every segment to carry router indices)."""
-    rows = []                                  # (segment, reward, resolved, weight, group, episode)
-    groups: dict[str, int] = {}
-    for e, r in enumerate(x for x in rollouts if x.error is None):
-        segs = [s for s in r.segments if len(s) > 1]
-        g = groups.setdefault(r.group_id, len(groups))
-        for s in segs:
-            rows.append((s, r.total_reward, resolved_of(r), 1.0 / len(segs), g, e))
-    if not rows:
-        raise ValueError("make_batch: no trainable segments (every rollout failed or is empty)")
-    n = len(rows)
-    b = n if batch_size is None else batch_size
-    if b < n:
-        raise ValueError(f"make_batch: {n} segments do not fit batch_size={batch_size}; train on "
-                         f"fewer rollouts per step or raise the batch size")
-    longest = max(len(s) for s, *_ in rows)
-    if longest > seq_len:
-        raise ValueError(f"make_batch: a segment of {longest} tokens exceeds seq_len={seq_len}; "
-                         f"raise the training length or lower rl.summary_trigger_tokens")
-    out = {
-        "tokens": np.zeros((b, seq_len), np.int32),
-        "positions": np.zeros((b, seq_len), np.int32),
-        "segment_ids": np.zeros((b, seq_len), np.int32),
-        "targets": np.zeros((b, seq_len), np.int32),
-        "loss_mask": np.zeros((b, seq_len), np.float32),
-        "behaviour_logp": np.zeros((b, seq_len), np.float32),
-        "rewards": np.zeros((b,), np.float32),
-        "resolved": np.zeros((b,), np.float32),
-        "sample_weight": np.zeros((b,), np.float32),
-        "group_ids": -1 - np.arange(b, dtype=np.int32),      # padding rows: groups of their own
-        "episode_ids": -1 - np.arange(b, dtype=np.int32),
-    }
+    rows = _rows(rollouts, error_reward)
+    b = _check_rows(rows, seq_len, batch_size)
+    out = _zeros(b, seq_len)
     replay = router_replay and all(s.router_indices is not None for s, *_ in rows)
     if router_replay and not replay:
         raise ValueError("make_batch: router_replay=True but some segments carry no router "
@@ -97,3 +73,53 @@ def make_batch(rollouts: Sequence[Rollout], *, seq_len: int, batch_size: int | N
     if replay:
         out["router_replay"] = rr
     return out
+
+
+def _rows(rollouts: Sequence[Rollout], error_reward: float | None = None) -> list[tuple]:
+    """(segment, reward, resolved, weight, group, episode) of every trainable segment (error
+    rollouts: see `make_batch`)."""
+    def keep(r: Rollout) -> bool:
+        return r.error is None or (error_reward is not None and r.num_trainable > 0)
+
+    rows = []
+    groups: dict[str, int] = {}
+    for e, r in enumerate(x for x in rollouts if keep(x)):
+        segs = [s for s in r.segments if len(s) > 1]
+        g = groups.setdefault(r.group_id, len(groups))
+        reward, resolved = ((r.total_reward, resolved_of(r)) if r.error is None
+                            else (float(error_reward), 0.0))
+        for s in segs:
+            rows.append((s, reward, resolved, 1.0 / len(segs), g, e))
+    return rows
+
+
+def _check_rows(rows: list[tuple], seq_len: int, batch_size: int | None) -> int:
+    """The number of rows B, after checking the segments fit [B, seq_len]."""
+    if not rows:
+        raise ValueError("make_batch: no trainable segments (every rollout failed or is empty)")
+    n = len(rows)
+    b = n if batch_size is None else batch_size
+    if b < n:
+        raise ValueError(f"make_batch: {n} segments do not fit batch_size={batch_size}; train on "
+                         f"fewer rollouts per step or raise the batch size")
+    longest = max(len(s) for s, *_ in rows)
+    if longest > seq_len:
+        raise ValueError(f"make_batch: a segment of {longest} tokens exceeds seq_len={seq_len}; "
+                         f"raise the training length or lower rl.summary_trigger_tokens")
+    return b
+
+
+def _zeros(b: int, seq_len: int) -> dict[str, np.ndarray]:
+    return {
+        "tokens": np.zeros((b, seq_len), np.int32),
+        "positions": np.zeros((b, seq_len), np.int32),
+        "segment_ids": np.zeros((b, seq_len), np.int32),
+        "targets": np.zeros((b, seq_len), np.int32),
+        "loss_mask": np.zeros((b, seq_len), np.float32),
+        "behaviour_logp": np.zeros((b, seq_len), np.float32),
+        "rewards": np.zeros((b,), np.float32),
+        "resolved": np.zeros((b,), np.float32),
+        "sample_weight": np.zeros((b,), np.float32),
+        "group_ids": -1 - np.arange(b, dtype=np.int32),      # padding rows: groups of their own
+        "episode_ids": -1 - np.arange(b, dtype=np.int32),
+    }

@@ -2,7 +2,10 @@
 
 Each checkpoint step (= trainer version) holds two items written together (Orbax writes a step
 into a temporary directory and renames it when complete): `state` (the learner's pytree) and `rl`
-(JSON: `version`, `consumed_groups`, `started_groups`). Restoring gives back exactly the set of
+(JSON: `version`, `consumed_groups`, `started_groups`, `totals`,
+`dropped_groups`: how many consumed groups were dropped as too stale), and `meta` (JSON: the model
+config, seed and kind "rl", as pretraining checkpoints record them), so every consumer of a run's
+weights reads RL checkpoints like any other (`composer_jax.train.run_checkpoint`). Restoring gives back exactly the set of
 groups whose rollouts are inside the restored weights, so a restart re-admits every other finished
 rollout and trains none twice. Saves are synchronous: the consumed set must be durable before the
 trainer moves on.
@@ -16,22 +19,32 @@ from composer_jax.errors import CheckpointError
 
 
 class RLCheckpointer:
-    def __init__(self, directory, keep: int = 2):
+    def __init__(self, directory, keep: int = 2, meta: dict | None = None,
+                 keep_period: int | None = None):
+        """keep: the newest checkpoints kept; keep_period: also keep every version that is a
+        multiple of it (the evaluated versions, so `eval.policy=WORKDIR@V` can score them)."""
         import orbax.checkpoint as ocp
         self._ocp = ocp
         self.directory = pathlib.Path(directory).absolute()
+        self.meta = {**(meta or {}), "kind": "rl"}
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
-                                                 cleanup_tmp_directories=True),
-            item_names=("state", "rl"))
+                                                 cleanup_tmp_directories=True,
+                                                 keep_period=keep_period or None),
+            item_names=("state", "rl", "meta"))
 
-    def save(self, version: int, state, consumed_groups, started_groups: int = 0) -> None:
+    def save(self, version: int, state, consumed_groups, started_groups: int = 0,
+             totals: dict | None = None, dropped_groups: int = 0) -> None:
+        """totals: the run's running totals up to this version (elapsed time, rollouts and tokens
+        trained, staleness histogram), so a resumed run's summary covers the whole run."""
         ocp = self._ocp
         meta = {"version": int(version), "consumed_groups": sorted(consumed_groups),
-                "started_groups": int(started_groups)}
+                "started_groups": int(started_groups), "totals": dict(totals or {}),
+                "dropped_groups": int(dropped_groups)}
         self.manager.save(version, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), rl=ocp.args.JsonSave(meta)), force=True)
+            state=ocp.args.StandardSave(state), rl=ocp.args.JsonSave(meta),
+            meta=ocp.args.JsonSave({**self.meta, "version": int(version)})), force=True)
         self.manager.wait_until_finished()
 
     def restore_latest(self, template):

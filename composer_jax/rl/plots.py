@@ -1,10 +1,15 @@
 """PNG plots of an RL run, from WORKDIR/metrics.jsonl and the driver's summary:
 
-  plots/reward.png       reward_mean (training episodes) and eval_resolved_rate vs version
+  plots/reward.png       reward_mean (training episodes) per version; eval_resolved_rate as points
+                         at the evaluated versions
   plots/staleness.png    histogram of rollout staleness (trainer version - sampling version)
-  plots/throughput.png   rollouts/s and trained tokens/s vs version, trainer idle fraction
-  plots/behaviour.png    tool-using episodes only (rl.tasks=coding): valid-call rate, tool calls,
+  plots/throughput.png   rollouts/s, trained tokens/s and the trainer idle fraction per version,
+                         one panel each (their scales differ by orders of magnitude)
+  plots/behaviour.png    tool-using episodes only (rl.task=coding): valid-call rate, tool calls,
                          invalid calls, turns per episode, the effort x and the resolved rates
+
+Every plot is titled with the run's name, each measured point is marked (held-out evaluations are
+points at the versions evaluated, never joined as if measured in between).
 """
 from __future__ import annotations
 
@@ -14,75 +19,111 @@ import pathlib
 def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from composer_jax.runlog import metric_series, read_metrics
+    from composer_jax.runlog import read_metrics
 
     workdir = pathlib.Path(workdir)
     out = workdir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     rows = read_metrics(workdir)
-    paths = []
+    run = workdir.name
+    paths = [_reward(rows, summary, run, out / "reward.png"),
+             _staleness(summary, run, out / "staleness.png"),
+             _throughput(rows, run, out / "throughput.png")]
+    behaviour = _behaviour(rows, run, out / "behaviour.png")
+    return paths + ([behaviour] if behaviour is not None else [])
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("reward_mean", "train reward_mean"), ("resolved_rate", "train resolved"),
-                       ("eval_resolved_rate", "eval resolved (held-out; "
-                        + ("eval suite" if summary.get("eval_source", "").startswith("eval suite")
-                           else "held-out program tasks") + ")")):
+
+def _eval_points(ax, rows, label: str) -> None:
+    from composer_jax.runlog import metric_series
+    x, y = metric_series(rows, "eval_resolved_rate")
+    if x:
+        ax.scatter(x, y, marker="D", s=36, color="black", zorder=3, label=label)
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def _reward(rows, summary: dict, run: str, path: pathlib.Path) -> pathlib.Path:
+    import matplotlib.pyplot as plt
+    from composer_jax.runlog import metric_series
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label in (("reward_mean", "train reward (mean per version)"),
+                       ("resolved_rate", "train resolved rate")):
         x, y = metric_series(rows, key)
         if x:
-            ax.plot(x, y, marker="o" if key.startswith("eval") else None, label=label)
+            ax.plot(x, y, marker=".", markersize=3, linewidth=1, label=label)
+    src = ("eval suite" if summary.get("eval_source", "").startswith("eval suite")
+           else "held-out program tasks")
+    _eval_points(ax, rows, f"held-out resolved ({src}), evaluated versions")
     ax.set_xlabel("policy version")
     ax.set_ylabel("reward / rate")
-    ax.legend()
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"{run}: reward per version")
+    _legend(ax)
     ax.grid(alpha=0.3)
-    paths.append(_save(fig, out / "reward.png"))
+    return _save(fig, path)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+
+def _staleness(summary: dict, run: str, path: pathlib.Path) -> pathlib.Path:
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     hist = {int(k): v for k, v in summary.get("staleness_hist", {}).items()}
     if hist:
         ks = sorted(hist)
         ax.bar(ks, [hist[k] for k in ks])
     ax.set_xlabel("staleness (trainer version - sampling version)")
-    ax.set_ylabel("rollouts")
-    paths.append(_save(fig, out / "staleness.png"))
+    ax.set_ylabel("trained rollouts")
+    ax.set_title(f"{run}: staleness of trained rollouts")
+    return _save(fig, path)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key in ("rollouts_per_sec", "trained_tokens_per_sec"):
+
+def _throughput(rows, run: str, path: pathlib.Path) -> pathlib.Path:
+    import matplotlib.pyplot as plt
+    from composer_jax.runlog import metric_series
+    panels = [("rollouts_per_sec", "rollouts / s (since start)"),
+              ("trained_tokens_per_sec", "trained tokens / s (step)"),
+              ("trainer_idle_frac", "trainer idle fraction")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 7), sharex=True)
+    for ax, (key, label) in zip(axes, panels):
         x, y = metric_series(rows, key)
         if x:
-            ax.plot(x, y, label=key)
-    ax.set_xlabel("policy version")
-    ax.set_ylabel("per second")
-    ax.grid(alpha=0.3)
-    ax2 = ax.twinx()
-    x, y = metric_series(rows, "trainer_idle_frac")
-    if x:
-        ax2.plot(x, y, color="gray", linestyle="--", label="trainer_idle_frac")
-        ax2.set_ylim(0, 1)
-        ax2.set_ylabel("trainer idle fraction")
-    ax.legend(loc="upper left")
-    paths.append(_save(fig, out / "throughput.png"))
+            ax.plot(x, y, marker=".", markersize=3, linewidth=1)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[-1].set_ylim(0, 1)
+    axes[-1].set_xlabel("policy version")
+    axes[0].set_title(f"{run}: throughput per version")
+    return _save(fig, path)
 
-    if metric_series(rows, "tool_calls_mean")[0]:
-        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-        for key in ("valid_call_rate", "resolved_rate", "eval_resolved_rate"):
-            x, y = metric_series(rows, key)
-            if x:
-                a.plot(x, y, marker="o" if key.startswith("eval") else ".", label=key)
-        a.set_ylim(-0.05, 1.05)
-        a.set_ylabel("rate")
-        for key in ("tool_calls_mean", "invalid_calls_mean", "turns_mean", "reward_effort_mean"):
-            x, y = metric_series(rows, key)
-            if x:
-                b.plot(x, y, marker=".", label=key)
-        b.set_ylabel("per episode")
-        for ax in (a, b):
-            ax.set_xlabel("policy version")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        paths.append(_save(fig, out / "behaviour.png"))
-    return paths
+
+def _behaviour(rows, run: str, path: pathlib.Path) -> pathlib.Path | None:
+    """Tool-using episodes only (None otherwise)."""
+    import matplotlib.pyplot as plt
+    from composer_jax.runlog import metric_series
+    if not metric_series(rows, "tool_calls_mean")[0]:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for key in ("valid_call_rate", "resolved_rate"):
+        x, y = metric_series(rows, key)
+        if x:
+            a.plot(x, y, marker=".", label=key)
+    _eval_points(a, rows, "eval_resolved_rate")
+    a.set_ylim(-0.05, 1.05)
+    a.set_ylabel("rate")
+    a.set_title(f"{run}: rates")
+    for key in ("tool_calls_mean", "invalid_calls_mean", "turns_mean", "reward_effort_mean"):
+        x, y = metric_series(rows, key)
+        if x:
+            b.plot(x, y, marker=".", label=key)
+    b.set_ylabel("per episode")
+    b.set_title(f"{run}: behaviour per episode")
+    for ax in (a, b):
+        ax.set_xlabel("policy version")
+        ax.grid(alpha=0.3)
+        _legend(ax)
+    return _save(fig, path)
 
 
 def _save(fig, path: pathlib.Path) -> pathlib.Path:

@@ -1,4 +1,5 @@
 """What an RL run trains: the three sides of an `RLProgram`, built by name in every process.
+The task families' program is `rl/task_program.py` (`rl.task`); tests build small ones of their own.
 
 The services (`rl/services.py`) are generic; an `RLProgram` supplies what differs between the real
 job (token-level agent on the engine, sandboxed coding or known-optimum tasks, `rl_step`) and the
@@ -25,11 +26,8 @@ import dataclasses
 import importlib
 from typing import Any, Protocol
 
+from composer_jax.agent.policy_client import PolicyClient
 from composer_jax.errors import ConfigError
-
-
-class PolicyClient(Protocol):
-    def call(self, method: str, *args, **kwargs) -> Any: ...
 
 
 class PolicyServer(Protocol):

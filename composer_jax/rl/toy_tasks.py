@@ -32,66 +32,14 @@ Shape glossary: Lm MoE layers, K experts per token.
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from typing import Sequence
 
-import numpy as np
-
+from composer_jax.agent.parity import (KINDS, SYSTEM, ToyTask, grade, make_tasks,  # noqa: F401
+                                       prompt_ids, toy_tokenizer)
+from composer_jax.agent.rollout import Rollout
+from composer_jax.agent.tasks import single_turn_rollout
 from composer_jax.data import special_tokens as st
-from composer_jax.env import protocol
-from composer_jax.rl.rollout import END_EPISODE, Rollout, SegmentBuilder
-
-SYSTEM = "Reply with characters of the requested parity."
-KINDS = ("even", "odd")
-_SPLIT_SEED = {"train": 0, "eval": 1_000_003}
-
-
-@dataclasses.dataclass(frozen=True)
-class ToyTask:
-    task_id: str
-    kind: str          # "even" or "odd"
-    nonce: int
-
-    def messages(self) -> list[dict]:
-        return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": self.kind}]
-
-
-def make_tasks(n: int, seed: int = 0, split: str = "train",
-               kinds: Sequence[str] = KINDS) -> list[ToyTask]:
-    """n tasks, kinds cycling through `kinds` (even, odd, even, ...: any 2m consecutive tasks are
-    balanced); `split` "train" and "eval" never share a task id. kinds=("even",) is the
-    unconditional variant (the CI learning check: no need to read the prompt)."""
-    if split not in _SPLIT_SEED:
-        raise ValueError(f"split must be one of {sorted(_SPLIT_SEED)}, got {split!r}")
-    if not kinds or any(k not in KINDS for k in kinds):
-        raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
-    rng = random.Random(seed + _SPLIT_SEED[split])
-    nonces = rng.sample(range(1000), n) if split == "train" else rng.sample(range(1000, 2000), n)
-    return [ToyTask(f"parity-{split}-{kinds[i % len(kinds)]}-{x}", kinds[i % len(kinds)], x)
-            for i, x in enumerate(nonces)]
-
-
-def grade(task: ToyTask, reply: str) -> tuple[float, bool]:
-    """(reward, resolved) of an assistant reply: reward = fraction of the final message's
-    characters with the task's parity (0 for an empty message), resolved = reward == 1."""
-    content = protocol.parse_assistant(reply).content
-    if protocol.TOOL_CALLS_BEGIN in reply or protocol.TOOL_CALL_BEGIN in reply or not content:
-        return 0.0, False
-    want = 0 if task.kind == "even" else 1
-    score = sum(ord(c) % 2 == want for c in content) / len(content)
-    return float(score), score == 1.0
-
-
-def toy_tokenizer(vocab_size: int = 320):
-    """A byte-level BPE (the project's `train_tokenizer`) trained on the task text; deterministic."""
-    from composer_jax.data.config import SplitPattern
-    from composer_jax.data.tokenizer import train_tokenizer
-    texts = [protocol.render_prompt(t.messages()) for t in make_tasks(200, 0)]
-    texts += ["abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789"] * 4
-    return train_tokenizer(texts, vocab_size, SplitPattern.KIMI)
-
 
 def toy_model_config(vocab_size: int = 320):
     """The `tiny` model with the toy tokenizer's vocabulary (and no MTP: the RL step skips it)."""
@@ -110,30 +58,14 @@ def toy_config(lr: float = 3e-3, seed: int = 0, **rl):
                                     weight_decay=0.0, grad_clip=1.0))
 
 
-def prompt_ids(tokenizer, task: ToyTask) -> list[int]:
-    """BOS + the chat template of the task + the assistant generation prompt."""
-    from composer_jax.data.chat import encode_prompt
-    return encode_prompt(tokenizer, task.messages())
-
-
 def rollout_from_completion(task: ToyTask, group_id: str, prompt: Sequence[int], completion,
                             tokenizer, rollout_id: str = "") -> Rollout:
-    """The exact record of one finished engine request on `prompt`: fed prompt ids, sampled ids
-    with behaviour log-probs, raw model log-probs and versions, and the routed experts of every
-    forward pass (prompt positions then sampled ones), graded by `grade`."""
-    b = SegmentBuilder()
-    b.feed(prompt)
-    b.sample(completion.tokens, completion.logprobs, completion.raw_logprobs, completion.versions)
-    if completion.router_indices and completion.prompt_router_indices is not None:
-        rows = np.concatenate([np.asarray(completion.prompt_router_indices),
-                               np.stack(completion.router_indices)], axis=0)
-        b.set_router(0, rows[:len(b) - 1])
-    b.end_turn(completion.finish_reason or "stop_token")
+    """The exact record of one finished engine request on `prompt`
+    (`agent.tasks.single_turn_rollout`), graded by `grade`."""
     reply = tokenizer.decode(completion.tokens)
     reward, resolved = grade(task, reply)
-    return Rollout(task.task_id, group_id, [b.build(END_EPISODE)],
-                   {"total": reward, "resolved": float(resolved)}, rollout_id=rollout_id,
-                   info={"reply": reply, "kind": task.kind})
+    return single_turn_rollout(task.task_id, group_id, prompt, completion, reward, resolved,
+                               {"reply": reply, "kind": task.kind}, rollout_id=rollout_id)
 
 
 def sampling_params(tokenizer, max_new_tokens: int = 6, temperature: float = 1.0,

@@ -10,7 +10,6 @@ checkpoint cannot be read, restore falls back to the previous one and says so.
 """
 from __future__ import annotations
 
-import signal
 import sys
 import time
 
@@ -43,10 +42,9 @@ class Checkpointer:
                                                  enable_async_checkpointing=True,
                                                  cleanup_tmp_directories=True),
             item_names=("state", "data", "meta"))
-        self.stop_requested = False
 
     def _meta(self) -> dict:
-        return {"model": to_dict(self.cfg.model), "seed": self.cfg.seed}
+        return {"model": to_dict(self.cfg.model), "seed": self.cfg.seed, "kind": "train"}
 
     def save(self, step: int, state, data_state: dict, force: bool = False) -> bool:
         """Starts an asynchronous save (if due or forced); returns whether one started."""
@@ -114,12 +112,6 @@ class Checkpointer:
                     print(f"warning: moved unreadable checkpoint {path} to {target}",
                           file=sys.stderr)
         self.manager.reload()
-
-    def install_sigterm_handler(self) -> None:
-        """On SIGTERM, ask the loop to save and stop after the current step."""
-        def handler(signum, frame):
-            self.stop_requested = True
-        signal.signal(signal.SIGTERM, handler)
 
     def close(self) -> None:
         self.manager.wait_until_finished()

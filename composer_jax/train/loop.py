@@ -4,8 +4,10 @@ Builds (or loads from the cache) the corpus and tokenizer, the device mesh from 
 first `mesh.num_devices` devices, or all), the model (fresh, from an HF directory, or from a previous
 run's Orbax checkpoint via train.init_from) placed on the mesh by the rules table, the pure train
 step jitted with those shardings, and runs it with tqdm progress, metrics.jsonl + TensorBoard, periodic validation, asynchronous checkpoints (resume is
-exact: parameters, optimizer state, step and data-iterator position), a save on SIGTERM, and a
-loss-curve PNG at the end.
+exact: parameters, optimizer state, step and data-iterator position; rows logged after the resumed
+checkpoint are dropped from metrics.jsonl and tb/), a clean stop on SIGTERM / SIGINT (the step
+finishes, a checkpoint is saved, the plot written; `composer_jax.stopping`), and a loss-curve PNG
+at the end. Rerunning a finished run says so and changes nothing.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from composer_jax.errors import ComposerError
 from composer_jax.model.flops import flops_per_token
 from composer_jax.runlog import (MetricsWriter, StepProfiler, is_remote, metric_series,
                                  read_metrics, run_path)
+from composer_jax.stopping import stop_signals
 from composer_jax.train.checkpoint import Checkpointer
 from composer_jax.train.mfu import measured_matmul_flops, peak_flops_per_device
 from composer_jax.train.schedules import make_schedule
@@ -39,6 +42,7 @@ class TrainResult:
     fns: Any
     tokenizer: Any
     interrupted: bool
+    already_finished: bool = False
 
     def model(self):
         """The trained model as one host-resident nnx module (weights gathered off the mesh, in
@@ -112,13 +116,13 @@ def plot_curves(workdir: pathlib.Path) -> pathlib.Path | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, style in (("ce_loss", "-"), ("mtp_loss", ":"), ("val_loss", "o-")):
+    for key, style in (("ce_loss", ".-"), ("mtp_loss", ".:"), ("val_loss", "o--")):
         xs, ys = metric_series(rows, key)
-        if xs:
-            ax.plot(xs, ys, style, label=key, markersize=3)
+        if xs:                   # markers: the logged (measured) steps
+            ax.plot(xs, ys, style, label=key, markersize=3 if key != "val_loss" else 5)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
-    ax.set_title(workdir.name)
+    ax.set_title(f"{workdir.name}: training and validation loss")
     ax.grid(alpha=0.3)
     ax.legend()
     out = workdir / "plots" / "loss.png"
@@ -152,10 +156,22 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
     data_state = None
     if restored is not None:
         state, data_state, step = restored
+        if step >= tc.steps:
+            ckpt.close()
+            rows = read_metrics(workdir)
+            print(f"already finished at step {step} (train.steps={tc.steps}): nothing to do; "
+                  f"checkpoint {ckpt.directory / str(step)}, metrics {workdir / 'metrics.jsonl'}. "
+                  f"Raise train.steps to train on, or use another --workdir")
+            from composer_jax.data.tokenizer import load_tokenizer
+            tok = workdir / "tokenizer.json"
+            return TrainResult(metrics={k: v for k, v in (rows[-1] if rows else {}).items()
+                                        if isinstance(v, float)},
+                               state=state, fns=fns,
+                               tokenizer=load_tokenizer(tok) if tok.exists() else None,
+                               interrupted=False, already_finished=True)
         print(f"resumed from {ckpt.directory} at step {step}")
     tokenizer, it, eval_batches = _data(cfg, workdir, kind, data_state)
     eval_batches = [fns.place_batch(b) for b in eval_batches]
-    ckpt.install_sigterm_handler()
     flops_tok = flops_per_token(cfg.model, cfg.data.seq_len)["total"]
     peak, peak_src = peak_flops_per_device()
     # CPU: besides the theoretical peak, the matmul rate this build achieves here (not a peak)
@@ -170,13 +186,16 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
           f"{flops_tok:.3g} FLOPs/token; peak {peak:.3g} FLOP/s/device ({peak_src})"
           + (f"; achieved matmul rate {matmul_rate:.3g} FLOP/s" if matmul_rate else ""))
     lead = jax.process_index() == 0          # the one process that writes logs and plots
-    writer = MetricsWriter(workdir, enabled=lead, config=cfg)
+    writer = MetricsWriter(workdir, enabled=lead, config=cfg,
+                           resume_from=start if restored is not None else None)
     profiler = StepProfiler(workdir, tc.profile_steps, enabled=lead)
     last: dict = {}
     done = start
     t_log, tokens_since = time.perf_counter(), 0
     pbar = tqdm(total=tc.steps, initial=start, desc=workdir.name, dynamic_ncols=True,
                 disable=not lead)
+    stop_ctx = stop_signals()
+    stop = stop_ctx.__enter__()
     try:
         for step in range(start, tc.steps):
             b = fns.place_batch(next(it))
@@ -210,15 +229,17 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
             saved = ckpt.save(done, state, it.get_state(), force=done == tc.steps)
             pbar.update(1)
             if interrupt_at is not None and done == interrupt_at:
-                ckpt.stop_requested = True
-            if ckpt.stop_requested:
+                stop.set("interrupt_at")
+            if stop.requested:
                 if not saved:      # this step's checkpoint may already be on its way
                     ckpt.save(done, state, it.get_state(), force=True)
                 ckpt.wait()
-                print(f"SIGTERM: saved step {done} to {ckpt.directory}; rerun the same command "
-                      f"to resume")
+                print(f"{stop.describe()}: stopped at step {done}/{tc.steps}; checkpoint "
+                      f"{ckpt.directory / str(done)}, metrics {workdir / 'metrics.jsonl'}, plot "
+                      f"{workdir / 'plots' / 'loss.png'}; rerun the same command to resume")
                 break
     finally:
+        stop_ctx.__exit__(None, None, None)
         pbar.close()
         profiler.close()
         writer.close()

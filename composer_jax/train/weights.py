@@ -2,8 +2,10 @@
 
 `load_weights(source, cfg)` reads any of
   ""                       a fresh model initialised from `cfg.seed`
-  a training run's workdir its newest readable Orbax checkpoint (parameters and router biases;
-                           the run's own config.json gives the architecture)
+  a run's workdir          its newest readable Orbax checkpoint (parameters and router biases),
+                           pretraining, SFT and RL runs alike (`composer_jax.train.run_checkpoint`:
+                           the checkpoint's meta, or the run's config.json, gives the architecture)
+  WORKDIR@STEP             that checkpoint step of a run (an RL run's steps are policy versions)
   a Hugging Face directory config.json + *.safetensors (`composer_jax.model.hf.load_hf`)
 and returns `Weights`: pure parameter/buffer dicts plus where they came from. With `template` (a
 TrainState placed on a mesh) a run's checkpoint is restored straight into the template's
@@ -47,18 +49,19 @@ class Weights:
 
 
 def source_kind(source: str) -> str:
-    """"fresh" (empty), "run" (a directory with checkpoints/) or "hf" (config.json and
-    *.safetensors); anything else is an error that says what is expected."""
+    """"fresh" (empty), "run" (a directory with checkpoints/, or WORKDIR@STEP) or "hf"
+    (config.json and *.safetensors); anything else is an error that says what is expected."""
+    from composer_jax.train.run_checkpoint import is_run_dir, parse_run_source
     if not source:
         return "fresh"
-    path = pathlib.Path(source)
-    if (path / "checkpoints").is_dir():
+    path, step = parse_run_source(source)
+    if is_run_dir(path):
         return "run"
     if (path / "config.json").exists() and list(path.glob("*.safetensors")):
         return "hf"
-    raise ComposerError(f"weights source {source!r} is neither a training run's workdir (with "
-                        f"checkpoints/) nor a Hugging Face checkpoint directory (config.json + "
-                        f"*.safetensors); use '' for a fresh model")
+    raise ComposerError(f"weights source {source!r} is neither a run's workdir (with checkpoints/; "
+                        f"WORKDIR@STEP for one checkpoint) nor a Hugging Face checkpoint directory "
+                        f"(config.json + *.safetensors); use '' for a fresh model")
 
 
 def run_config(run_dir: pathlib.Path, cfg):
@@ -77,9 +80,8 @@ def load_weights(source: str, cfg, template=None) -> Weights:
     """Weights from `source` ("" fresh, a run workdir, an HF directory; see the module docstring).
 
     cfg: the consumer's Config (the fresh init's architecture and seed, the HF load's dtype).
-    template: a TrainState whose params/buffers give the structure and shardings to restore a
-    run's checkpoint into (its optimizer state is ignored); None builds one on the host from the
-    run's config.json.
+    template: a TrainState whose params/buffers give the shapes and shardings to restore a run's
+    checkpoint into (its optimizer state is ignored); None: host arrays in the stored dtype.
     """
     kind = source_kind(source)
     if kind == "fresh":
@@ -96,19 +98,15 @@ def load_weights(source: str, cfg, template=None) -> Weights:
         hf_cfg, model = load_hf(source, execution=cfg.execution)
         _, p, b = nnx.split(model, nnx.Param, ...)
         return Weights("hf", hf_cfg, cfg.execution, nnx.to_pure_dict(p), nnx.to_pure_dict(b))
-    from composer_jax.train.checkpoint import Checkpointer
-    run_dir = pathlib.Path(source)
+    from composer_jax.train.run_checkpoint import parse_run_source, restore_weights
+    run_dir, step = parse_run_source(source)
     rcfg = run_config(run_dir, cfg) if (run_dir / "config.json").exists() else cfg
-    if template is None:
-        from composer_jax.train.step import build, fresh_model
-        _, template = build(fresh_model(rcfg), rcfg)
-    ckpt = Checkpointer(run_dir / "checkpoints", rcfg, 1, 1)
-    try:
-        found = ckpt.restore_latest(template, check_config=False)
-    finally:
-        ckpt.close()
-    if found is None:
-        raise CheckpointError(f"{run_dir / 'checkpoints'} holds no checkpoint")
+    shapes = None if template is None else {"params": template.params, "buffers": template.buffers}
+    params, buffers, step, meta = restore_weights(run_dir, step, shapes)
+    if "model" in meta:               # the checkpoint's own record of its architecture
+        from composer_jax.config import ModelConfig, from_dict, split_legacy_model
+        rcfg = dataclasses.replace(rcfg, model=from_dict(ModelConfig,
+                                                         split_legacy_model(meta["model"])[0]))
     tok = run_dir / "tokenizer.json"
-    return Weights("run", rcfg.model, rcfg.execution, found[0].params, found[0].buffers,
-                   found[2], tok if tok.exists() else None)
+    return Weights("run", rcfg.model, rcfg.execution, params, buffers, step,
+                   tok if tok.exists() else None)

@@ -87,6 +87,9 @@ class BanditLearner:
     def weights(self, state):
         return {"logits": np.asarray(state["logits"])}
 
+    def eval_model(self, state):
+        return {"logits": np.array(state["logits"], copy=True)}
+
     def step(self, state, groups):
         if self.step_s:
             time.sleep(self.step_s)

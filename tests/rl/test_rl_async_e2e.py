@@ -12,9 +12,9 @@ import time
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-SETS = ["rl.steps=6", "train.steps=6", "rl.checkpoint_every=2", "rl.eval_every=3",
-        "rl.batch_groups=2", "rl.group_size=4", "rl.num_rollout_workers=8",
-        "rl.num_train_tasks=8", "rl.num_eval_tasks=4"]
+SETS = ["rl.task=parity", "rl.steps=6", "rl.job.checkpoint_every=2", "rl.job.eval_every=3",
+        "rl.batch_groups=2", "rl.group_size=4", "rl.job.num_rollout_workers=8",
+        "rl.task.num_train_tasks=8", "rl.task.num_eval_tasks=4"]
 
 
 def _cmd(workdir, extra=()):
@@ -25,7 +25,7 @@ def _cmd(workdir, extra=()):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [(), ("rl.worker_mode=process",)])
+@pytest.mark.parametrize("extra", [(), ("rl.job.worker_mode=process",)])
 def test_rl_async_kill_and_resume(tmp_path, extra):
     proc = subprocess.Popen(_cmd(tmp_path, extra), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -70,7 +70,10 @@ def test_sigkill_one_rollout_worker(tmp_path):
     assert "rollout worker died" in err
     assert s["rollouts_trained"] == 6 * 2 * 2
     a = audit_run(tmp_path, 2, _checkpoint_groups(tmp_path)["consumed_groups"])
-    assert a["consumed"] == 24 and a["consumed_groups"] == 12 and a["versions"] == 6
+    dropped = s["stale_dropped_groups"]          # groups set aside as too stale (consumed, untrained)
+    assert a["consumed"] == 24 + 2 * dropped and a["consumed_groups"] == 12 + dropped
+    assert a["versions"] == 6
+    _assert_staleness_bounded(tmp_path, settings["max_staleness"])
     assert victim not in json.loads(workers.read_text())["pids"]
 
 
@@ -97,9 +100,21 @@ def test_sigkill_whole_run_then_resume(tmp_path):
     assert before <= set((tmp_path / "rollouts").glob("g*/*.rollout"))
     meta2 = _checkpoint_groups(tmp_path)
     a = audit_run(tmp_path, 2, meta2["consumed_groups"])
-    assert a["consumed_groups"] == 20 and a["consumed"] == 40 and a["versions"] == 10
+    dropped = meta2["dropped_groups"]             # over both lives of the run
+    assert a["consumed_groups"] == 20 + dropped and a["consumed"] == 40 + 2 * dropped
+    assert a["versions"] == 10
+    # staleness is bounded at consumption in every metrics row, before and after the resume
+    _assert_staleness_bounded(tmp_path, settings["max_staleness"])
     # crashed episodes became error rollouts (reward 0), not a crashed run
     assert s["error_rollouts"] >= 1
+
+
+def _assert_staleness_bounded(workdir, bound: int) -> None:
+    rows = [json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "staleness_max" in r]
+    assert train and all(r["staleness_max"] <= bound for r in train), \
+        [r["staleness_max"] for r in train]
+    assert all("stale_dropped_groups" in r for r in train)
 
 
 def test_audit_detects_double_training(tmp_path):

@@ -1,9 +1,9 @@
-"""rl.tasks=coding through the real pieces: sandboxed episodes of a one-task pool by the token-level
+"""rl.task=coding through the real pieces: sandboxed episodes of a one-task pool by the token-level
 agent against the engine service (over the policy-client interface), environment grading and
 rewards, rl_step, the weight store, and the checkpoint evaluator hook. Short: a tiny random policy
 (it never makes a valid tool call), 2 versions of 1 group x 2 samples.
 
-The slow version (`-m slow`) runs `launch.py --experiment=rl_async --set rl.tasks=coding` end to end
+The slow version (`-m slow`) runs `launch.py --experiment=rl_async --set rl.task=coding` end to end
 with the cached SFT policy and the eval suite's runner."""
 import dataclasses
 import json
@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from composer_jax.config import Config, RLConfig, RLTasks, tiny, to_dict
+from composer_jax.config import CodingTaskConfig, Config, JobConfig, RLConfig, tiny
 from composer_jax.data.config import SplitPattern
 from composer_jax.data.tokenizer import train_tokenizer
 from composer_jax.env import protocol as p
@@ -25,7 +25,7 @@ from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tasks.task import Task, unified_patch
 from composer_jax.env.tools import TOOL_SPECS
 from composer_jax.rl.driver import DriverSettings, run_rl
-from composer_jax.rl.program import ProgramSpec
+from composer_jax.rl.task_program import task_program_spec
 
 pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap is not usable here")
 
@@ -49,15 +49,14 @@ def _setup(tmp: pathlib.Path):
                   ("test_mod.py",), patch, n, version, version),
              {"mod.py": BAD, "test_mod.py": TESTS}, {"mod.py": GOOD})
     model = dataclasses.replace(tiny(), vocab_size=512, mtp_depth=0)
-    rl = RLConfig(tasks=RLTasks.CODING, group_size=2, batch_groups=1, max_staleness=1, steps=2,
-                  num_rollout_workers=2, checkpoint_every=1, eval_every=2, num_train_tasks=4,
+    rl = RLConfig(group_size=2, batch_groups=1, max_staleness=1, steps=2,
+                  job=JobConfig(num_rollout_workers=2, checkpoint_every=1, eval_every=2),
+                  task=CodingTaskConfig(num_train_tasks=4, tokenizer=str(tmp / "tokenizer.json")),
                   max_new_tokens=12, seq_len=2048, loss_normalizer=64.0)
     env = EnvConfig(python_versions=(version,), command_timeout_s=10.0, use_embeddings=False,
-                    max_turns=2)
+                    max_turns=2, pool_dir=str(tmp / "pool"))
     cfg = dataclasses.replace(Config(), model=model, rl=rl, env=env)
-    return cfg, ProgramSpec("composer_jax.rl.coding_program:make", {
-        "config": to_dict(cfg), "pool_dir": str(tmp / "pool"), "init_from": "",
-        "tokenizer": str(tmp / "tokenizer.json")})
+    return cfg, task_program_spec(cfg)
 
 
 def test_coding_rl_runs_sandboxed_episodes_and_the_checkpoint_evaluator(tmp_path):
@@ -104,8 +103,8 @@ def test_rl_async_coding_end_to_end(tmp_path):
     """The CLI path: pool and SFT policy (cached), RL on sandboxed episodes, the eval suite's
     runner at versions 0 and the last."""
     cmd = [sys.executable, str(ROOT / "launch.py"), "--experiment=rl_async",
-           f"--workdir={tmp_path}", "--set", "rl.tasks=coding", "--set", "rl.steps=4",
-           "--set", "rl.eval_every=4", "--set", "rl.num_eval_tasks=1"]
+           f"--workdir={tmp_path}", "--set", "rl.task=coding", "--set", "rl.steps=4",
+           "--set", "rl.job.eval_every=4", "--set", "rl.task.num_eval_tasks=1"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((tmp_path / "rl_summary.json").read_text())

@@ -1,11 +1,10 @@
 """The environment-latency model of the benchmark, the per-batch behaviour metrics of coding
-episodes, and `rl_async --set rl.tasks=coding` resolving to the coding settings (no JAX work)."""
+episodes, and `rl_async --set rl.task=coding` resolving to the coding settings (no JAX work)."""
 import json
 
 import numpy as np
 import pytest
 
-from composer_jax.config import RLTasks
 from composer_jax.rl import latency_model as lm
 from composer_jax.rl.rollout import Rollout
 from composer_jax.rl.services import behaviour_metrics
@@ -54,16 +53,18 @@ def test_rl_async_with_tasks_coding_takes_the_coding_settings():
     from composer_jax.config import SECTION_PRESETS
     from composer_jax.errors import ConfigError
     from composer_jax.overrides import apply_overrides
-    from experiments.rl import _coding_config, program_spec, with_coding_defaults
+    from experiments.rl import _coding_config, with_coding_defaults
     base = registry.get("rl_async").make_config()
-    cfg = apply_overrides(base, ["rl.tasks=coding", "rl.steps=5", "rl.group_size=2"],
+    cfg = apply_overrides(base, ["rl.task=coding", "rl.steps=5", "rl.group_size=2"],
                           SECTION_PRESETS)
     c = with_coding_defaults(cfg)
     ref = _coding_config(2)
-    assert c.rl.tasks == RLTasks.CODING
+    assert c.rl.task.family == "coding"
     assert (c.rl.steps, c.rl.group_size) == (5, 2)                          # the user's values
     assert (c.rl.seq_len, c.rl.max_new_tokens, c.model) == (ref.rl.seq_len, ref.rl.max_new_tokens,
                                                              ref.model)     # coding defaults
     assert with_coding_defaults(c) == c
-    with pytest.raises(ConfigError, match="prepare_coding"):
-        program_spec(c)                    # pool and policy are resolved by prepare_coding first
+    from composer_jax.rl.task_program import TaskProgram
+    from composer_jax.config import to_dict
+    with pytest.raises(ConfigError, match="prepare"):
+        TaskProgram(to_dict(c))            # pool and policy are resolved by the family's prepare first

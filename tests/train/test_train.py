@@ -165,3 +165,32 @@ def test_corrupted_latest_checkpoint_falls_back(tmp_path, capsys):
     out = train(longer, tmp_path)
     assert "falling back" in capsys.readouterr().err
     assert int(out.state.step) == 4
+
+
+def test_resume_drops_rows_past_the_checkpoint_and_a_finished_rerun_changes_nothing(tmp_path,
+                                                                                  capsys):
+    """A run killed after logging past its last checkpoint: the resumed run drops those rows from
+    metrics.jsonl and tb/ (one row per step, ascending, one event file), and rerunning the
+    finished run says so and leaves every file as it was."""
+    import hashlib
+    import shutil
+
+    from composer_jax.train.loop import train
+
+    cfg = _tiny_run_config(steps=6)
+    train(cfg, tmp_path)
+    full = [r["step"] for r in read_metrics(tmp_path)]
+    shutil.rmtree(tmp_path / "checkpoints" / "6")          # as if killed before saving step 6
+    out = train(cfg, tmp_path)
+    assert "resumed from" in capsys.readouterr().out and int(out.state.step) == 6
+    steps = [r["step"] for r in read_metrics(tmp_path)]
+    assert steps == sorted(set(steps)) and set(full) <= set(steps)   # (+ the first resumed step)
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents*"))) == 1
+
+    def digest():
+        return {str(f.relative_to(tmp_path)): hashlib.sha256(f.read_bytes()).hexdigest()
+                for f in sorted(tmp_path.rglob("*")) if f.is_file()}
+    before = digest()
+    again = train(cfg, tmp_path)
+    assert again.already_finished and "already finished at step 6" in capsys.readouterr().out
+    assert digest() == before

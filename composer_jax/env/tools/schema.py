@@ -54,8 +54,10 @@ TOOL_SPECS: tuple[dict, ...] = (
           {"command": _S, "is_background": _B,
            "timeout": {**_I, "description": "seconds (capped by the environment)"}},
           ("command",)),
-    _spec("finish", "End the episode with a short final message to the user.",
-          {"message": _S}, ("message",)),
+    _spec("finish", "End the episode with a short final message to the user; `success` says "
+          "whether you believe the task is done (a false claim is penalised).",
+          {"message": _S, "success": {**_B, "description": "true if the task is done"}},
+          ("message",)),
 )
 
 SPECS_BY_NAME: dict[str, dict] = {s["name"]: s for s in TOOL_SPECS}

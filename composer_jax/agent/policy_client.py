@@ -1,0 +1,54 @@
+"""How an episode reaches the policy: a `PolicyClient` calls the policy server's methods (in
+process, over a worker's pipe or through Ray); `EngineClient` gives the token-level agent the
+engine interface it needs (`submit`, `wait`, `end_session`, `cfg.max_len`,
+`model_cfg.vocab_size`) on top of one. Completions cross as `Completion.to_fields()` and come
+back as `Completion.from_fields(...)`. No JAX.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+from composer_jax.inference.params import SamplingParams
+from composer_jax.inference.requests import Completion
+
+
+class PolicyClient(Protocol):
+    """Calls a method of the policy server (`rl.policy_server.EnginePolicyServer`): generate,
+    submit, wait, end_session."""
+
+    def call(self, method: str, *args, **kwargs) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineLimits:
+    """The engine facts an agent reads: `max_len` (context) ..."""
+    max_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """... and `vocab_size` of the served model."""
+    vocab_size: int
+
+
+class EngineClient:
+    """What TokenAgent needs of an engine, served by the policy server through `policy`."""
+
+    def __init__(self, policy: PolicyClient, max_len: int, vocab_size: int):
+        self.policy = policy
+        self.cfg = EngineLimits(max_len)
+        self.model_cfg = ModelFacts(vocab_size)
+
+    def generate(self, prompt, params: SamplingParams) -> Completion:
+        """One whole request (no session)."""
+        return Completion.from_fields(self.policy.call("generate", [int(t) for t in prompt], params))
+
+    def submit(self, prompt, params: SamplingParams, session=None) -> int:
+        return self.policy.call("submit", [int(t) for t in prompt], params, session)
+
+    def wait(self, request_id: int, timeout=None) -> Completion:
+        return Completion.from_fields(self.policy.call("wait", request_id, timeout))
+
+    def end_session(self, session: str) -> None:
+        self.policy.call("end_session", session)

@@ -1,0 +1,160 @@
+"""`DataConfig`: every setting of the corpus, tokenizer and input pipeline (frozen, validated).
+
+Plain Python only (no numpy/JAX), so `composer_jax/config.py` can import it cheaply. Every field has
+a default; fields are int/float/str/bool/str-Enum/tuple so the `--set data.x=v` override machinery
+can type them. `__post_init__` raises `ConfigError` naming the field and what is valid.
+
+The number of MTP depths is *not* a field: it belongs to the model config and is passed to the
+pipeline builders as `mtp_depth` so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+
+from composer_jax.errors import ConfigError
+
+CACHE_ENV_VAR = "COMPOSER_JAX_CACHE"
+DEFAULT_CACHE_DIR = "~/.cache/composer_jax"
+
+
+class SftSource(str, enum.Enum):
+    """Where SFT samples come from (`composer_jax/data/sft.py`).
+
+    ENV_ORACLE: the scripted oracle agent's resolved episodes over the training tasks of an
+    environment task pool (`data.sft_pool`), in the policy's chat template with tool calls.
+    DOCSTRINGS: docstring -> function chats from the corpus's train split (no pool needed).
+    AUTO: ENV_ORACLE when `data.sft_pool` holds a task pool, else DOCSTRINGS (and says so).
+    """
+
+    AUTO = "auto"
+    ENV_ORACLE = "env_oracle"
+    DOCSTRINGS = "docstrings"
+
+
+class SplitPattern(str, enum.Enum):
+    """The regex that splits text into pre-tokens before byte-level BPE.
+
+    KIMI is the pattern of Kimi K2's `tokenization_kimi.py` (digits in groups of 1-3, Han runs);
+    use it when loading Kimi's `tiktoken.model`. CL100K is the GPT-4 pattern.
+    """
+
+    KIMI = "kimi"
+    CL100K = "cl100k"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Settings of the data side of pretraining and SFT.
+
+    Corpus: `cache_dir` ("" = $COMPOSER_JAX_CACHE or ~/.cache/composer_jax), `source_roots` (empty =
+    auto-discover every CPython standard library and site-packages on the machine), `max_files`
+    (0 = all; >0 keeps a deterministic subset, for debug configs), the filters and the dedup.
+    Tokenizer: `tokenizer_path` ("" = train a byte-level BPE of `vocab_size` on the corpus).
+    Pipeline: `seq_len` T, `global_batch_size` (split evenly over hosts), `shuffle_seed`.
+    SFT: `sft_source` (SftSource) and `sft_pool` (a task pool directory written by `env_generate`,
+    for ENV_ORACLE); the docstring source's filters `sft_min_docstring_chars`, `sft_max_function_lines`.
+    """
+
+    # --- corpus ---
+    cache_dir: str = ""
+    source_roots: tuple[str, ...] = ()
+    include_site_packages: bool = True
+    max_files: int = 0
+    min_file_bytes: int = 64
+    max_file_bytes: int = 400_000
+    max_line_length: int = 1000
+    max_mean_line_length: int = 100
+    min_alnum_fraction: float = 0.25
+    require_py3_syntax: bool = True
+    near_dup_threshold: float = 0.8
+    minhash_perms: int = 128
+    minhash_bands: int = 16
+    shingle_size: int = 5
+    validation_fraction: float = 0.02
+    split_salt: str = "composer_jax"
+    build_workers: int = 0
+    progress: bool = True
+    # --- tokenizer ---
+    vocab_size: int = 4096
+    tokenizer_path: str = ""
+    split_pattern: SplitPattern = SplitPattern.KIMI
+    tokenizer_train_bytes: int = 32_000_000
+    # --- pipeline ---
+    seq_len: int = 2048
+    global_batch_size: int = 8
+    shuffle_seed: int = 0
+    add_bos_eos: bool = True
+    num_threads: int = 2
+    prefetch_buffer_size: int = 4
+    num_workers: int = 0
+    eval_max_batches: int = 0
+    # --- SFT samples (SftSource; sft_max_samples > 0: the first N docstring samples / training tasks) ---
+    sft_source: SftSource = SftSource.AUTO
+    sft_pool: str = ""
+    sft_max_samples: int = 0
+    sft_min_docstring_chars: int = 24
+    sft_max_function_lines: int = 60
+
+    def __post_init__(self) -> None:
+        if isinstance(self.split_pattern, str) and not isinstance(self.split_pattern, SplitPattern):
+            valid = [p.value for p in SplitPattern]
+            if self.split_pattern not in valid:
+                raise ConfigError(f"data.split_pattern={self.split_pattern!r}: valid values are {valid}")
+            object.__setattr__(self, "split_pattern", SplitPattern(self.split_pattern))
+        if not isinstance(self.sft_source, SftSource):
+            valid = [s.value for s in SftSource]
+            if self.sft_source not in valid:
+                raise ConfigError(f"data.sft_source={self.sft_source!r}: valid values are {valid}")
+            object.__setattr__(self, "sft_source", SftSource(self.sft_source))
+        if not isinstance(self.sft_pool, str):
+            raise ConfigError(f"data.sft_pool={self.sft_pool!r}: must be a directory path (\"\" = none)")
+        if not isinstance(self.source_roots, tuple) or not all(isinstance(r, str) for r in self.source_roots):
+            raise ConfigError(f"data.source_roots={self.source_roots!r}: must be a tuple of directory paths")
+        for name, minimum in _INT_MINIMUMS.items():
+            _check_int(self, name, minimum)
+        _check_int(self, "max_file_bytes", max(1, self.min_file_bytes + 1))
+        for name, (upper_inclusive, lower_exclusive) in _FRACTIONS.items():
+            _check_fraction(self, name, upper_inclusive=upper_inclusive, lower_exclusive=lower_exclusive)
+        if self.minhash_perms % self.minhash_bands:
+            raise ConfigError(f"data.minhash_bands={self.minhash_bands}: must divide data.minhash_perms="
+                              f"{self.minhash_perms}")
+        if self.tokenizer_path and not os.path.isfile(os.path.expanduser(self.tokenizer_path)):
+            raise ConfigError(f"data.tokenizer_path={self.tokenizer_path!r}: no such file (use \"\" to train a "
+                              "tokenizer on the corpus, or a tokenizer.json / tiktoken BPE file)")
+
+
+# Integer fields and their minimum; fractions and (upper bound inclusive, lower bound exclusive).
+_INT_MINIMUMS = {
+    "max_files": 0, "min_file_bytes": 0, "max_line_length": 1, "max_mean_line_length": 1, "minhash_perms": 1,
+    "minhash_bands": 1, "shingle_size": 1, "build_workers": 0, "vocab_size": 512, "tokenizer_train_bytes": 1,
+    "seq_len": 2, "global_batch_size": 1, "num_threads": 0, "prefetch_buffer_size": 0, "num_workers": 0,
+    "eval_max_batches": 0, "sft_max_samples": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
+}
+_FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),
+              "validation_fraction": (False, False)}
+
+
+def resolved_cache_dir(cfg: DataConfig) -> str:
+    """The cache directory: `cfg.cache_dir`, else $COMPOSER_JAX_CACHE, else ~/.cache/composer_jax."""
+    raw = cfg.cache_dir or os.environ.get(CACHE_ENV_VAR, "") or DEFAULT_CACHE_DIR
+    return os.path.abspath(os.path.expanduser(raw))
+
+
+def _check_int(cfg: DataConfig, name: str, minimum: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"data.{name}={value!r}: must be an integer >= {minimum}")
+
+
+def _check_fraction(cfg: DataConfig, name: str, *, upper_inclusive: bool, lower_exclusive: bool = False) -> None:
+    value = getattr(cfg, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        ok = (value > 0 if lower_exclusive else value >= 0) and (value <= 1 if upper_inclusive else value < 1)
+    if not ok:
+        low = "(0" if lower_exclusive else "[0"
+        high = "1]" if upper_inclusive else "1)"
+        raise ConfigError(f"data.{name}={value!r}: must be a number in {low}, {high}")

@@ -1,0 +1,46 @@
+"""The RL program of a task family (`rl.task`): the family's episodes on the env side, the engine
+policy server on the inference side, `rl_step` on the trainer side, all on the family's initial
+model. Built from the run's resolved config (`config.to_dict`), so every process rebuilds the
+same program; importing this module imports no JAX (rollout workers)."""
+from __future__ import annotations
+
+from composer_jax.rl.program import ProgramSpec
+
+
+class TaskProgram:
+    """An `RLProgram` (rl/program.py) of the task family `cfg.rl.task.family`."""
+
+    def __init__(self, config: dict):
+        from composer_jax.config import Config, from_dict
+        from composer_jax.rl.tasks import family_of
+        self.cfg = from_dict(Config, config)
+        self.family = family_of(self.cfg)
+        self.eval_name = "heldout_" + self.family.name.rsplit(".", 1)[-1]   # metrics prefix
+
+    def train_tasks(self) -> list[str]:
+        return self.family.make_tasks("train")
+
+    def eval_tasks(self) -> list[str]:
+        return self.family.make_tasks("eval")
+
+    def run_episode(self, task_id: str, seed: int, policy, *, greedy: bool):
+        return self.family.run_episode(task_id, seed, policy, greedy=greedy)
+
+    def make_policy(self):
+        from composer_jax.rl.policy_server import EnginePolicyServer
+        return EnginePolicyServer(self.cfg, self.family.initial_model(),
+                                  self.family.engine_settings())
+
+    def make_learner(self):
+        from composer_jax.rl.learner import ModelLearner
+        return ModelLearner(self.cfg, self.family.initial_model)
+
+
+def make(config: dict) -> TaskProgram:
+    return TaskProgram(config)
+
+
+def task_program_spec(cfg) -> ProgramSpec:
+    """The ProgramSpec of cfg's task family (after the family's `prepare`)."""
+    from composer_jax.config import to_dict
+    return ProgramSpec("composer_jax.rl.task_program:make", {"config": to_dict(cfg)})

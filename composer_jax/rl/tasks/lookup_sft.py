@@ -1,0 +1,160 @@
+"""The initial policy of `rl.task=lookup`: a fresh `cfg.model` after `rl.task.sft_steps` steps of
+the "lm" loss on demonstrations of *training* tasks only (optimal episodes, and a fraction
+`rl.task.sft_hasty` of hasty guesses; it teaches the protocol; held-out prompts are never trained
+on). Deterministic in (config, `rl.task.sft_seed`), so runs of every seed share it, and cached in
+memory and in the data cache (`lookup_sft/<key>.npz`). JAX: trainer and inference side only."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import random
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from composer_jax.agent import lookup as lk
+
+
+def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed: int,
+                hasty: float = 0.0):
+    """`steps` LM batches ([batch, seq_len], loss on assistant tokens) of demonstrations of
+    `tasks` (`agent.lookup.demonstration`: optimal episodes with random preambles, or with
+    probability `hasty` a guess without reading), sampled with a seeded generator."""
+    from composer_jax.data.chat import encode_messages
+    from composer_jax.data.targets import add_targets
+    rng = random.Random(seed)
+    for _ in range(steps):
+        rows = {k: np.zeros((batch, seq_len), np.int32)
+                for k in ("tokens", "segment_ids", "positions", "trainable")}
+        for i in range(batch):
+            ids, tr = encode_messages(tokenizer, lk.demonstration(rng.choice(tasks), rng, hasty))
+            if len(ids) > seq_len:
+                raise ValueError(f"a demonstration of {len(ids)} tokens exceeds seq_len={seq_len}")
+            t = len(ids)
+            rows["tokens"][i, :t], rows["trainable"][i, :t] = ids, tr
+            rows["segment_ids"][i, :t], rows["positions"][i, :t] = 1, np.arange(t)
+        yield add_targets(rows, 0)
+
+
+def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
+    """A fresh `cfg.model` (seed rl.task.sft_seed) after `steps` Adam steps of the "lm" loss on
+    demonstrations of `train_tasks` (sampled with rl.task.sft_seed) -> (params, buffers) as numpy
+    pure dicts."""
+    import jax
+    from flax import nnx
+
+    from composer_jax.config import Schedule
+    from composer_jax.model import init_model
+    from composer_jax.train.step import build
+    t = cfg.rl.task
+    model = init_model(cfg.model, t.sft_seed, cfg.execution, cfg.train.init_std)
+    if steps == 0:
+        _, p, b = nnx.split(model, nnx.Param, ...)
+        return jax.device_get(nnx.to_pure_dict(p)), jax.device_get(nnx.to_pure_dict(b))
+    tcfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, lr=lr, warmup_steps=0, schedule=Schedule.CONSTANT, weight_decay=0.0,
+        grad_clip=1.0, steps=steps, loss="lm"))
+    fns, state = build(model, tcfg, loss="lm")
+    tok = lk.lookup_tokenizer(cfg.model.vocab_size)
+    for b in sft_batches(tok, train_tasks, steps=steps, batch=batch,
+                         seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len), seed=t.sft_seed,
+                         hasty=t.sft_hasty):
+        state, _ = fns.train_step(state, b)
+    return jax.device_get(state.params), jax.device_get(state.buffers)
+
+
+def sft_length(tokenizer, tasks, limit: int) -> int:
+    """The SFT row length: the longest demonstration of `tasks` (longest preamble), rounded up to
+    a multiple of 16, at most `limit` (shorter rows: a cheaper SFT step)."""
+    from composer_jax.data.chat import encode_messages
+
+    class _Longest(random.Random):
+        def choice(self, seq):
+            return max(seq, key=len)
+
+        def random(self):
+            return 1.0
+    longest = max(len(encode_messages(tokenizer, lk.demonstration(t, _Longest()))[0])
+                  for t in tasks)
+    return min(limit, -(-longest // 16) * 16)
+
+
+_SFT_LOCK = threading.Lock()
+_SFT_MEM: dict[str, tuple] = {}
+
+
+def _key(cfg) -> str:
+    from composer_jax.config import to_dict
+    rl, t = cfg.rl, cfg.rl.task
+    return hashlib.sha256(json.dumps([to_dict(cfg.model), to_dict(cfg.execution), t.sft_seed,
+                                      t.sft_steps, rl.seq_len, list(t.levels),
+                                      t.num_train_tasks, cfg.train.init_std, lk.SYSTEM,
+                                      lk.PREAMBLES, t.sft_hasty, "v2"],
+                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def initial_weights(cfg, train_tasks) -> tuple[dict, dict]:
+    """The SFT policy's (params, buffers) (module docstring)."""
+    from composer_jax.config.data import resolved_cache_dir
+    key = _key(cfg)
+    with _SFT_LOCK:
+        if key in _SFT_MEM:
+            return _SFT_MEM[key]
+        path = pathlib.Path(resolved_cache_dir(cfg.data)) / "lookup_sft" / f"{key}.npz"
+        if path.exists():
+            flat = dict(np.load(path))
+            out = (_unflatten(flat, "p/"), _unflatten(flat, "b/"))
+        else:
+            t0 = time.monotonic()
+            out = sft_policy(cfg, train_tasks, cfg.rl.task.sft_steps)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{uuid.uuid4().hex[:6]}.npz")
+            np.savez(tmp, **_flatten(out[0], "p/"), **_flatten(out[1], "b/"))
+            tmp.replace(path)
+            print(f"rl.task=lookup: SFT warm start ({cfg.rl.task.sft_steps} steps) in "
+                  f"{time.monotonic() - t0:.0f}s, cached in {path}", flush=True)
+        _SFT_MEM[key] = out
+        return out
+
+
+def initial_model(cfg):
+    """A `cfg.model` holding the SFT policy's weights (trained on the training tasks of
+    `rl.task.sft_seed`, whatever the run's seed)."""
+    from flax import nnx
+
+    from composer_jax.model import init_model
+    t = cfg.rl.task
+    sft_tasks = lk.make_tasks(t.num_train_tasks, t.sft_seed, "train", tuple(t.levels))
+    params, buffers = initial_weights(cfg, sft_tasks)
+    model = init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
+    graphdef, p, b = nnx.split(model, nnx.Param, ...)
+    nnx.replace_by_pure_dict(p, params)
+    nnx.replace_by_pure_dict(b, buffers)
+    return nnx.merge(graphdef, p, b)
+
+
+def _flatten(tree, prefix: str) -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = np.asarray(v)
+    return out
+
+
+def _unflatten(flat: dict, prefix: str) -> dict:
+    out: dict = {}
+    for k, v in flat.items():
+        if not k.startswith(prefix):
+            continue
+        node = out
+        *parents, leaf = k[len(prefix):].split("/")
+        for p in parents:
+            node = node.setdefault(int(p) if p.isdigit() else p, {})
+        node[int(leaf) if leaf.isdigit() else leaf] = v
+    return out

@@ -1,0 +1,1 @@
+"""Small, tested examples of extension points (see the README)."""

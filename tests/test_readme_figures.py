@@ -1,0 +1,111 @@
+"""The README stands alone and its figures have sources.
+
+- Every repository path it names in backticks (composer_jax/..., benchmarks/..., docs/..., ...)
+  exists in the repository, and it names nothing outside it (no `shared/`, no DESIGN.md but the
+  repository's own docs/design.md).
+- Every paragraph (or table row) that cites a committed results file (`benchmarks/results/X`, a
+  bare results file name, or the benchmark script `benchmarks/X.py` that writes
+  `benchmarks/results/X.*`) quotes only figures found in those files: each decimal number in the
+  paragraph must equal a number of the files at the paragraph's precision (or as a percentage).
+  Versions (Python 3.11, ==0.12) and stated targets ("target 0.4") are not figures.
+- The main command's results file says which command wrote it, and the README names that command
+  beside the figures.
+"""
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = (ROOT / "README.md").read_text()
+TEXT_SUFFIXES = (".txt", ".json", ".md", ".jsonl")
+REPO_DIRS = ("composer_jax/", "benchmarks/", "docs/", "tests/", "notebooks/", "experiments/",
+             "pallas_kernels/", "requirements/", ".ci/")
+
+
+def _expand(name: str) -> list[str]:
+    """a.{txt,png} -> [a.txt, a.png] (one brace group)."""
+    m = re.match(r"(.*)\{([^}]*)\}(.*)", name)
+    if not m:
+        return [name]
+    return [m.group(1) + part.strip() + m.group(3) for part in m.group(2).split(",")]
+
+
+def _blocks() -> list[str]:
+    """Paragraphs, with every table row on its own."""
+    out = []
+    for block in re.split(r"\n\s*\n", README):
+        lines = block.splitlines()
+        if lines and all(line.startswith("|") for line in lines):
+            out += lines
+        else:
+            out.append(block)
+    return out
+
+
+def _sources(block: str) -> list[pathlib.Path]:
+    names = []
+    for m in re.finditer(r"benchmarks/results/([\w.\-]+(?:\{[^}]*\})?[\w.\-]*)", block):
+        names += _expand(m.group(1).rstrip("."))
+    for m in re.finditer(r"`([\w\-]+\.(?:txt|json|md|jsonl))`", block):
+        names.append(m.group(1))
+    for m in re.finditer(r"(?<![\w/])(?:benchmarks/)?(\w+)\.py\b", block):
+        names += [p.name for p in RESULTS.glob(m.group(1) + ".*")]
+    return sorted({RESULTS / n for n in names
+                   if (RESULTS / n).is_file() and (RESULTS / n).suffix in TEXT_SUFFIXES})
+
+
+def _numbers(text: str) -> list[float]:
+    """Every number of a results file, also as GiB and GB when it could be a byte count."""
+    xs = [float(x) for x in re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", text)]
+    return xs + [x / 2**30 for x in xs if x >= 2**20] + [x / 1e9 for x in xs if x >= 1e6]
+
+
+_FIGURE = re.compile(r"(?<![\w.\-/`=])(?<!Python )(?<!target )(\d+\.\d+)(?![\w.])")
+
+
+def _sourced(fig: str, have: list[float]) -> bool:
+    tol = 0.5 * 10 ** -len(fig.split(".")[1]) + 1e-9
+    v = float(fig)
+    return any(abs(h - v) <= tol or abs(h * 100 - v) <= tol for h in have)
+
+
+def test_readme_names_nothing_outside_the_repository():
+    assert "shared/" not in README
+    assert not re.search(r"(?<!docs/design\.md)DESIGN\.md", README)
+    missing = []
+    for m in re.finditer(r"`([^`\s]+)`", README):
+        token = m.group(1).rstrip(".,:")
+        if not token.startswith(REPO_DIRS) or any(c in token for c in "*<>$"):
+            continue
+        for name in _expand(token.split(":")[0]):
+            if not (ROOT / name).exists():
+                missing.append(name)
+    assert not missing, f"README names paths the repository does not have: {missing}"
+
+
+def test_every_readme_figure_is_in_the_results_file_it_cites():
+    problems = []
+    for block in _blocks():
+        sources = _sources(block)
+        if not sources:
+            continue
+        have = [x for p in sources for x in _numbers(p.read_text())]
+        unsourced = [f for f in _FIGURE.findall(block) if not _sourced(f, have)]
+        if unsourced:
+            problems.append(f"{[p.name for p in sources]}: {unsourced} in {block[:120]!r}")
+    assert not problems, "README figures without a source:\n" + "\n".join(problems)
+
+
+def test_the_main_command_figures_name_the_command_that_wrote_them():
+    text = (RESULTS / "rl_async_default.txt").read_text()
+    first = text.splitlines()[0]
+    assert first.startswith("# written by: python benchmarks/rl_async_default.py")
+    assert "launch.py --experiment=rl_async --workdir=" in first
+    cites = [b for b in _blocks() if "rl_async_default" in b]
+    assert cites and all("benchmarks/rl_async_default.py" in b for b in cites)
+
+
+def test_the_viz_extra_the_readme_promises_exists():
+    assert "pip install -e '.[viz]'" in README
+    assert re.search(r"^tensorboard==", (ROOT / "requirements" / "viz.txt").read_text(), re.M)
+    assert 'viz = { file = ["requirements/viz.txt"] }' in (ROOT / "pyproject.toml").read_text()
