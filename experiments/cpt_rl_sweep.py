@@ -117,19 +117,26 @@ def run_cell(cfg: Config, cell_dir: pathlib.Path) -> None:
     run_rl(cfg, cell_dir)
 
 
+def cells_to_run(sw: SweepConfig, workdir: pathlib.Path, steps: int) -> list[tuple[int, int]]:
+    """The (budget, seed) cells to run now: the named `sweep.cells` (their directories are
+    removed first: they rerun from scratch), else every cell whose RL run has not finished."""
+    from composer_jax.sweep.cells import is_finished
+    for name in sw.cells:
+        shutil.rmtree(workdir / "cells" / name, ignore_errors=True)
+    return [(b, s) for b, s in sw.all_cells()
+            if (cell_name(b, s) in sw.cells if sw.cells
+                else not is_finished(workdir / "cells" / cell_name(b, s), steps))]
+
+
 def run(cfg: Config, workdir: pathlib.Path) -> dict:
     from tqdm import tqdm
 
-    from composer_jax.sweep.cells import cell_result, is_finished, val_loss_at
+    from composer_jax.sweep.cells import cell_result, val_loss_at
     from composer_jax.sweep.report import write_report
     sw, steps = cfg.sweep, cfg.rl.steps
     cpt_dir = ensure_pretrained(cfg, workdir)
     losses = {b: val_loss_at(cpt_dir, b) for b in sw.budgets}
-    for name in sw.cells:                       # named cells rerun from scratch
-        shutil.rmtree(workdir / "cells" / name, ignore_errors=True)
-    todo = [(b, s) for b, s in sw.all_cells()
-            if (cell_name(b, s) in sw.cells if sw.cells
-                else not is_finished(workdir / "cells" / cell_name(b, s), steps))]
+    todo = cells_to_run(sw, workdir, steps)
     for b, s in tqdm(todo, desc="sweep cells", dynamic_ncols=True):
         run_cell(cell_config(cfg, snapshot(cpt_dir, b, workdir), s),
                  workdir / "cells" / cell_name(b, s))
