@@ -129,7 +129,7 @@ def cells_to_run(sw: SweepConfig, workdir: pathlib.Path, steps: int) -> list[tup
 
 
 def run(cfg: Config, workdir: pathlib.Path) -> dict:
-    from tqdm import tqdm
+    from tqdm.auto import tqdm
 
     from composer_jax.sweep.cells import cell_result, val_loss_at
     from composer_jax.sweep.report import write_report
