@@ -14,7 +14,8 @@
 3. Report (`composer_jax.sweep.report`): W/sweep.json, W/sweep.png, W/sweep.txt with, per cell,
    the checkpoint's held-out validation loss, the held-out RL score at the end and the area
    under the held-out RL curve; Pearson and Spearman correlation over budgets with bootstrap
-   intervals; a sweep with unfinished cells is labelled PARTIAL.
+   intervals; a sweep with unfinished cells is labelled PARTIAL. The report is rewritten after
+   every cell; `--set sweep.report_only=true` only rewrites it from what is on disk.
 """
 from __future__ import annotations
 
@@ -128,24 +129,43 @@ def cells_to_run(sw: SweepConfig, workdir: pathlib.Path, steps: int) -> list[tup
                 else not is_finished(workdir / "cells" / cell_name(b, s), steps))]
 
 
-def run(cfg: Config, workdir: pathlib.Path) -> dict:
-    from tqdm.auto import tqdm
-
+def write(cfg: Config, workdir: pathlib.Path, cpt_dir: pathlib.Path) -> dict:
+    """Reads every cell back and writes W/sweep.{json,png,txt} (PARTIAL while cells are missing;
+    a budget whose validation loss is not logged yet has no finished cell)."""
     from composer_jax.sweep.cells import cell_result, val_loss_at
     from composer_jax.sweep.report import write_report
-    sw, steps = cfg.sweep, cfg.rl.steps
-    cpt_dir = ensure_pretrained(cfg, workdir)
-    losses = {b: val_loss_at(cpt_dir, b) for b in sw.budgets}
-    todo = cells_to_run(sw, workdir, steps)
-    for b, s in tqdm(todo, desc="sweep cells", dynamic_ncols=True):
-        run_cell(cell_config(cfg, snapshot(cpt_dir, b, workdir), s),
-                 workdir / "cells" / cell_name(b, s))
+    sw, steps, rows = cfg.sweep, cfg.rl.steps, []
     metric = "heldout_" + FAMILY.rsplit(".", 1)[-1] + "_reward_mean"
-    cells = [cell_result(workdir / "cells" / cell_name(b, s), b, s, losses[b], steps, metric)
-             for b, s in sw.all_cells()]
+    for b, s in sw.all_cells():
+        try:
+            loss = val_loss_at(cpt_dir, b)
+        except FileNotFoundError:
+            loss = float("nan")
+        r = cell_result(workdir / "cells" / cell_name(b, s), b, s, loss, steps, metric)
+        rows.append({**r, "finished": r["finished"] and math.isfinite(loss)})
     command = " ".join(["python"] + sys.argv) if sys.argv and sys.argv[0].endswith("launch.py") \
         else f"cpt_rl_sweep run(cfg, {workdir})"
-    summary = write_report(workdir, cells, len(cells), to_dict(cfg), command, sw.bootstrap, sw.ci)
+    return write_report(workdir, rows, len(rows), to_dict(cfg), command, sw.bootstrap, sw.ci)
+
+
+def run(cfg: Config, workdir: pathlib.Path) -> dict:
+    from tqdm.auto import tqdm
+    sw = cfg.sweep
+    if sw.report_only:
+        summary = write(cfg, workdir, pathlib.Path(sw.cpt_dir) if sw.cpt_dir else workdir / "cpt")
+        print((workdir / "sweep.txt").read_text())
+        return summary
+    cpt_dir = ensure_pretrained(cfg, workdir)
+    from composer_jax.sweep.cells import val_loss_at
+    for b in sw.budgets:
+        val_loss_at(cpt_dir, b)                 # every budget validated (else: a clear error)
+        snapshot(cpt_dir, b, workdir)
+    for b, s in tqdm(cells_to_run(sw, workdir, cfg.rl.steps), desc="sweep cells",
+                     dynamic_ncols=True):
+        run_cell(cell_config(cfg, workdir / "pretrained" / f"step{b}", s),
+                 workdir / "cells" / cell_name(b, s))
+        write(cfg, workdir, cpt_dir)             # a partial report after every cell
+    summary = write(cfg, workdir, cpt_dir)
     print((workdir / "sweep.txt").read_text())
     return summary
 

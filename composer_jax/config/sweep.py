@@ -22,7 +22,8 @@ class SweepConfig:
     registered experiment and `key=value` overrides on its default; its train.steps,
     eval_every, checkpoint_every and keep_checkpoints are set from the budgets); cpt_dir: an
     existing pretraining workdir to use instead (checkpoints and val_loss at every budget);
-    bootstrap / ci: resamples and level of the correlation intervals."""
+    bootstrap / ci: resamples and level of the correlation intervals; report_only: run nothing,
+    only rewrite the report from the cells on disk (e.g. while the sweep runs elsewhere)."""
     budgets: tuple[int, ...] = (40, 80, 160, 320)
     seeds: tuple[int, ...] = (0, 1)
     cells: tuple[str, ...] = ()
@@ -31,6 +32,7 @@ class SweepConfig:
     cpt_dir: str = ""
     bootstrap: int = 2000
     ci: float = 0.95
+    report_only: bool = False
 
     def __post_init__(self):
         b, s = self.budgets, self.seeds

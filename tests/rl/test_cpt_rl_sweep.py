@@ -130,3 +130,27 @@ def test_sweep_2x1_end_to_end(tmp_path):
     stamp = (tmp_path / "cells" / "b2-s0" / "rl_summary.json").stat().st_mtime_ns
     exp.run(cfg, tmp_path)
     assert (tmp_path / "cells" / "b2-s0" / "rl_summary.json").stat().st_mtime_ns == stamp
+
+
+def test_report_only_reads_cells_on_disk(tmp_path):
+    """`sweep.report_only`: no training, a PARTIAL report of the one finished cell."""
+    from composer_jax.api import make_config
+    from composer_jax.registry import get
+    exp = get("cpt_rl_sweep")
+    cfg = make_config(exp.make_config(), ["sweep.budgets=4,8", "sweep.seeds=0",
+                                          "sweep.report_only=true", "sweep.bootstrap=100",
+                                          "rl.steps=2", "train.steps=2"])
+    (tmp_path / "cpt").mkdir()
+    (tmp_path / "cpt" / "metrics.jsonl").write_text(
+        json.dumps({"step": 4, "val_loss": 6.5}) + "\n")        # step 8 not validated yet
+    d = tmp_path / "cells" / "b4-s0"
+    d.mkdir(parents=True)
+    rows = [{"step": 0, "heldout_stdlib_completion_reward_mean": 0.25},
+            {"step": 2, "heldout_stdlib_completion_reward_mean": 0.5}]
+    (d / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)))
+    (d / "rl_summary.json").write_text(json.dumps({"version": 2}))
+    s = exp.run(cfg, tmp_path)
+    assert s["partial"] and s["cells_finished"] == 1
+    assert s["budgets"][0]["val_loss"] == 6.5
+    assert s["budgets"][0]["auc"]["mean"] == pytest.approx(0.375)
+    assert not (tmp_path / "pretrained").exists()
