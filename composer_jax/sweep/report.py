@@ -99,8 +99,10 @@ def plot(summary: dict, path: pathlib.Path) -> None:
                         textcoords="offset points", xytext=(4, 4), fontsize=7)
     c = summary["correlation"].get("score_end", {}).get("spearman")
     title = "PARTIAL sweep: " if summary["partial"] else ""
-    if c:
+    if c and math.isfinite(c["r"]):
         title += f"Spearman {c['r']:+.2f} [{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}]"
+    elif c:
+        title += "correlation undefined: no variation over budgets"
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("held-out pretraining validation loss")
     ax.set_ylabel("held-out RL score (mean +- sd over seeds)")
