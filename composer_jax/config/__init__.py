@@ -1,7 +1,7 @@
 """Frozen, typed, validated configuration for every part of composer_jax.
 
 One `Config` holds one section per subsystem: `model`, `execution`, `mesh`, `data`, `train`, `rl`,
-`env`, `eval`, `inference`. `model` is the architecture only (what the weights mean: a restore
+`env`, `eval`, `inference`, `sweep`. `model` is the architecture only (what the weights mean: a restore
 checks it and nothing else); `execution` is how the model is computed (dtypes, low precision,
 remat, MoE dispatch, attention blocking), which a run may change between restarts.
 Every section is a frozen dataclass whose fields are plain scalars, str-valued enums or tuples, so
@@ -37,6 +37,7 @@ from composer_jax.config.rl import (MOVED_RL_KEYS, TASK_PRESETS, CodingTaskConfi
                                     LookupTaskConfig, ParityTaskConfig, PolicyLoss, RLBackend,
                                     RLConfig, RLTasks, StalePolicy, TaskConfig, WeightSyncConfig,
                                     WorkerMode, register_task_config, task_config_class)
+from composer_jax.config.sweep import SweepConfig
 from composer_jax.config.train import MTPLoss, Optimizer, Schedule, TrainConfig
 from composer_jax.config.data import DataConfig
 from composer_jax.config.env import EnvConfig
@@ -49,7 +50,8 @@ __all__ = [
     "ExecutionConfig", "EXECUTION_PRESETS", "MESH_AXES", "MeshConfig", "MODEL_PRESETS",
     "MODEL_PRESET_EXECUTION", "MOVED_MODEL_KEYS", "MTPLoss", "MoEImpl", "ModelConfig",
     "Optimizer", "PolicyLoss", "Precision", "RLBackend", "RLConfig", "RLTasks", "Remat",
-    "RopeConfig", "RopeScaling", "Schedule", "ScoringFunc", "SECTION_PRESETS", "TrainConfig",
+    "RopeConfig", "RopeScaling", "Schedule", "ScoringFunc", "SECTION_PRESETS", "SweepConfig",
+    "TrainConfig",
     "WorkerMode", "bf16", "deepseek_v3", "from_dict", "kimi_k2_5", "migrate_legacy_config",
     "small", "split_legacy_model", "tiny", "to_dict"]
 
@@ -65,6 +67,7 @@ class Config:
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     eval: EvalConfig = EvalConfig()
     inference: EngineConfig = EngineConfig()
+    sweep: SweepConfig = SweepConfig()
     seed: int = 0
 
     def __post_init__(self):
