@@ -27,8 +27,8 @@ or speculative with the MTP drafts — for every generating slot, (4) applies st
 Multi-turn: a request with `session=` keeps its slot and cache after it finishes; the next request
 of that session only feeds its new tokens. `end_session` frees the slot; when slots run out, idle
 sessions are evicted (least recently used first) and rebuilt from their token history on return.
-Randomness: request r samples its i-th step with fold_in(key_r, i), so outputs do not depend on
-which slot or batch a request lands in.
+Randomness: request r samples its i-th token with fold_in(key_r, i), so outputs do not depend on
+which slot or batch a request lands in, nor on speculation (`inference.speculative`).
 """
 from __future__ import annotations
 
@@ -52,37 +52,26 @@ from composer_jax.inference.config import EngineConfig
 from composer_jax.inference.requests import (Completion, EngineStoppedError, PromptTooLongError,
                                              QueueFullError, SessionBusyError, StreamEvent)
 from composer_jax.inference.sampling import SamplerArrays, SamplingParams
-from composer_jax.inference.speculative import init_spec_state
+from composer_jax.inference.speculative import init_spec_state, keys_at
 
 _REBUILD_OFFSET = 1 << 30     # key counters used when a cache is rebuilt (never sampled from)
 
 
-def _keys(key_data, counters):
-    return jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(key_data), counters)
-
-
-def _prefill(graphdef, state, cache, spec, tokens, slots, starts, n_valid, forced, sp, key_data,
-             counters, *, depth, capture):
-    return steps.prefill_step(graphdef, state, cache, spec, tokens, slots, starts, n_valid, forced,
-                              sp, _keys(key_data, counters), depth=depth, capture=capture)
-
-
 def _decode(graphdef, state, cache, spec, pending, lengths, active, sp, key_data, counters, *,
             depth, capture):
-    keys = _keys(key_data, counters)
     if depth == 0:
-        cache, out = steps.decode_step(graphdef, state, cache, pending, lengths, active, sp, keys,
-                                       capture=capture)
+        cache, out = steps.decode_step(graphdef, state, cache, pending, lengths, active, sp,
+                                       keys_at(key_data, counters), capture=capture)
         return cache, spec, out
-    return steps.spec_step(graphdef, state, cache, spec, pending, lengths, active, sp, keys,
-                           depth=depth, capture=capture)
+    return steps.spec_step(graphdef, state, cache, spec, pending, lengths, active, sp, key_data,
+                           counters, depth=depth, capture=capture)
 
 
 @functools.lru_cache(maxsize=16)
 def _jitted(graphdef, depth: int, capture: bool):
     """The jitted steps, shared by every engine of the same model structure (compile once)."""
     kw = dict(depth=depth, capture=capture)
-    return (jax.jit(functools.partial(_prefill, graphdef, **kw), donate_argnums=(1, 2)),
+    return (jax.jit(functools.partial(steps.prefill_step, graphdef, **kw), donate_argnums=(1, 2)),
             jax.jit(functools.partial(_decode, graphdef, **kw), donate_argnums=(1, 2)))
 
 
@@ -107,7 +96,7 @@ class Engine:
         b, depth = cfg.max_batch, cfg.spec_depth
         self.cache = init_cache(self.model_cfg, b, cfg.max_len, with_mtp=depth > 0,
                                 dtype=self.execution.compute_dtype)
-        self.spec = init_spec_state(b, depth, self.model_cfg.vocab_size) if depth else None
+        self.spec = init_spec_state(b, depth) if depth else None
         self._prefill_fn, self._decode_fn = _jitted(graphdef, depth, cfg.capture_router)
         self._base_key = jax.random.key(cfg.seed)
         self.lengths = np.zeros(b, np.int32)

@@ -4,8 +4,9 @@ They consume the same parameter pytree as `Transformer` (`graphdef, state = nnx.
 drive the stacked layers with the training forward's own driver (`transformer.drive_layers`: the
 same per-layer precision, e.g. `quant_bf16_last_blocks`) and the same MTP input and precision
 (`transformer.mtp_input`, `mtp_ctx`), and reuse the model's own modules (norms, q/latent
-projections, FFN/MoE) on each layer slice; only attention differs (it reads and writes the latent
-cache, `inference.mla`). One function serves prefill (T = prompt chunk), decode
+projections, FFN/MoE weights and routing) on each layer slice; attention differs (it reads and
+writes the latent cache, `inference.mla`) and so does the MoE dispatch of few-token windows
+(`inference.moe`). One function serves prefill (T = prompt chunk), decode
 (T = 1) and speculative verification (T = 1 + drafts): new token t of row b sits at sequence
 position starts[b] + t and is real when t < n_valid[b] (padding is computed but never written).
 
@@ -19,9 +20,11 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from composer_jax.model.layers import Ctx
-from composer_jax.model.transformer import Transformer, drive_layers, mtp_ctx, mtp_input
+from composer_jax.model.transformer import (Transformer, drive_layers, mtp_ctx, mtp_input,
+                                            unroll_layer_scans)
 from composer_jax.inference.cache import Cache, LayerCache
 from composer_jax.inference.mla import mla_cached
+from composer_jax.inference.moe import moe_cached
 
 
 @struct.dataclass
@@ -57,8 +60,7 @@ def block_cached(blk, x, win: Window, c_cache, kpe_cache, ctx: Ctx, replay=None,
     x = x + attn_out
     h = blk.ffn_norm(x)
     if blk.is_moe:
-        y, aux = blk.ffn(h, win.valid.astype(jnp.int32), ctx, replay)
-        idx = aux["idx"]
+        y, idx = moe_cached(blk.ffn, h, win.valid.astype(jnp.int32), ctx, replay)
     else:
         y, idx = blk.ffn(h, ctx), None
     return x + y, c_cache, kpe_cache, idx
@@ -75,7 +77,7 @@ def scan_blocks_cached(blocks, x, win: Window, cache: LayerCache, ctx: Ctx, repl
         return h, (lc, kpe, idx)
 
     x, (c, kpe, idx) = drive_layers(blocks, x, ctx, layer, (cache.c, cache.k_pe, replay),
-                                    first_layer)
+                                    first_layer, unroll=unroll_layer_scans())
     return x, LayerCache(c, kpe), idx
 
 

@@ -45,8 +45,28 @@ def processed_logprobs(logits: jax.Array, temperature: jax.Array, top_k: jax.Arr
                        top_p: jax.Array) -> jax.Array:
     """Log of the sampling distribution [..., V]. logits [..., V]; parameters [...] broadcast
     against the leading dims. Tokens outside the top-k / top-p set get -inf (ties at the
-    threshold are kept)."""
+    threshold are kept). The vocabulary sort that top-k / top-p need runs only when some row
+    uses them (a runtime branch: greedy and plain-temperature batches skip it)."""
     logits = logits.astype(jnp.float32)
+    t = jnp.broadcast_to(temperature, logits.shape[:-1])
+    k = jnp.broadcast_to(top_k, logits.shape[:-1])
+    p = jnp.broadcast_to(top_p, logits.shape[:-1])
+    filtered = jnp.any((t > 0) & ((k > 0) | (p < 1)))
+    return jax.lax.cond(filtered, _filtered_logprobs, _unfiltered_logprobs, logits, t, k, p)
+
+
+def _unfiltered_logprobs(logits, temperature, top_k, top_p):
+    """`processed_logprobs` when no row filters: greedy point masses, else log_softmax(l / T)."""
+    del top_k, top_p
+    v = logits.shape[-1]
+    t = temperature[..., None]
+    greedy = t <= 0
+    logp = jax.nn.log_softmax(logits / jnp.where(greedy, 1.0, t), axis=-1)
+    point = jnp.where(jnp.arange(v) == jnp.argmax(logits, axis=-1)[..., None], 0.0, -jnp.inf)
+    return jnp.where(greedy, point, logp)
+
+
+def _filtered_logprobs(logits, temperature, top_k, top_p):
     v = logits.shape[-1]
     t = temperature[..., None]
     greedy = t <= 0

@@ -1,18 +1,27 @@
-"""Speculative decoding with the MTP modules as drafts: drafting and exact rejection sampling.
+"""Speculative decoding with the MTP modules as drafts: drafting and seed-coupled verification.
+
+Every sampled token of a request is drawn by Gumbel-max from its processed distribution with the
+request's key for that token's index, fold_in(key_r, i) (`keys_at`), in plain and speculative
+decoding alike. That fixes what plain decoding emits at index i given the text before it, so
+speculation can verify drafts against exactly that token:
 
 Drafting (`draft`): MTP module k (k = 1..Dd) at the last verified position takes the previous
 depth's hidden state and the embedding of the token k positions ahead — the newly sampled token
 for k = 1, the previous draft for k > 1 — and proposes draft k from its head's distribution q_k,
-processed with the request's own sampling parameters. Each MTP module keeps its own latent cache
-over the verified positions (its entries for positions whose look-ahead token was still a draft
-may be approximate; that only changes acceptance, never the output distribution).
+processed with the request's own sampling parameters, with the key of the token index it
+proposes (the same Gumbel noise the target will use there, so a draft head close to the model
+proposes the very token the model will sample). Each MTP module keeps its own latent cache over
+the verified positions (its entries for positions whose look-ahead token was still a draft may be
+approximate; that only changes acceptance, never the output).
 
 Verification (`accept`): the main model scores [pending, d_1..d_Dd] in one pass, giving the target
-distributions p_0..p_Dd. Draft i is accepted with probability min(1, p_{i-1}(d_i) / q_i(d_i)); at
-the first rejection the replacement is drawn from normalise(max(0, p_{i-1} - q_i)); if all are
-accepted a bonus token is drawn from p_Dd. Every emitted token then follows p exactly (Leviathan
-et al. 2023; Chen et al. 2023); with greedy parameters p and q are point masses, so the output is
-exactly greedy decoding.
+distributions p_0..p_Dd; target token t_j is the Gumbel-max sample of p_j with the key of its token
+index. Drafts are accepted while d_{j+1} == t_j; the first mismatch is replaced by t_j, and if all
+match, t_Dd is the bonus token. Every emitted token is therefore the token plain decoding emits
+under the same seed — same tokens, same behaviour log-probabilities (exact for sampling and for
+greedy, where p and q are point masses) — and the drafts only decide how many come per step.
+(Rejection sampling, Leviathan et al. 2023, accepts a little more often when q differs from p, but
+its tokens depend on the drafts, so a speculative run would not reproduce a plain one.)
 
 Shape glossary: B rows, W window (verified tokens), Dd draft depth, V vocab, D model dim.
 """
@@ -24,20 +33,32 @@ from flax import struct
 
 from composer_jax.inference.cache import Cache
 from composer_jax.inference.forward import make_window, mtp_cached
-from composer_jax.inference.sampling import (SamplerArrays, processed_logprobs,
-                                             sample_logprobs, take)
+from composer_jax.inference.sampling import SamplerArrays, processed_logprobs, sample_logprobs
 
 
 @struct.dataclass
 class SpecState:
-    """Per slot: drafts [B,Dd] int32 and the log-probabilities they were drawn from [B,Dd,V]."""
+    """Per slot: the drafts [B,Dd] int32 to verify at the next step."""
     drafts: jax.Array
-    draft_logq: jax.Array
 
 
-def init_spec_state(batch: int, depth: int, vocab: int) -> SpecState:
-    return SpecState(jnp.zeros((batch, depth), jnp.int32),
-                     jnp.zeros((batch, depth, vocab), jnp.float32))
+def init_spec_state(batch: int, depth: int) -> SpecState:
+    return SpecState(jnp.zeros((batch, depth), jnp.int32))
+
+
+def keys_at(key_data, index):
+    """Per-request keys for token indices: key_data [B,2] uint32, index [B,...] int32 ->
+    keys [B,...] = fold_in(key_b, index) (the key that samples token `index` of request b)."""
+    keys = jax.random.wrap_key_data(key_data)
+    return jax.vmap(lambda k, i: jax.vmap(lambda j: jax.random.fold_in(k, j))(i.reshape(-1))
+                    .reshape(i.shape))(keys, index)
+
+
+def gumbel_sample(logp, keys):
+    """Gumbel-max samples: logp [B,...,V], keys [B,...] -> int32 [B,...] (what
+    `sampling.sample_logprobs` draws for the same key)."""
+    flat = sample_logprobs(logp.reshape(-1, logp.shape[-1]), keys.reshape(-1))
+    return flat.reshape(keys.shape)
 
 
 def draft(graphdef, state, cache: Cache, depth: int, hidden, nxt, anchor, starts, active,
@@ -46,43 +67,26 @@ def draft(graphdef, state, cache: Cache, depth: int, hidden, nxt, anchor, starts
 
     hidden [B,W,D]: main-model pre-norm hidden states of the window (positions starts + i);
     nxt [B,W+depth]: nxt[i] = the token at position starts + i + 1 (filled up to `anchor`);
-    anchor [B]: window index of the last verified position; active [B] bool; keys [B,depth].
-    Returns (drafts [B,depth], draft_logq [B,depth,V], cache with MTP entries written for window
-    indices <= anchor).
+    anchor [B]: window index of the last verified position; active [B] bool; keys [B,depth]: the
+    keys of the token indices the drafts propose.
+    Returns (drafts [B,depth], cache with MTP entries written for window indices <= anchor).
     """
     b, w = hidden.shape[:2]
     win = make_window(starts, jnp.where(active, anchor + 1, 0), w, cache.max_len)
     rows = jnp.arange(b)
-    h, drafts, logqs = hidden, [], []
+    h, drafts = hidden, []
     for k in range(depth):
         logits, h, cache = mtp_cached(graphdef, state, cache, k, h, nxt[:, k:k + w], win)
         lq = processed_logprobs(logits[rows, anchor], sp.temperature, sp.top_k, sp.top_p)
         d = sample_logprobs(lq, keys[:, k])
         nxt = nxt.at[rows, anchor + k + 1].set(d)
         drafts.append(d)
-        logqs.append(lq)
-    return jnp.stack(drafts, 1), jnp.stack(logqs, 1), cache
+    return jnp.stack(drafts, 1), cache
 
 
-def accept(target_logp, draft_logq, drafts, key_u, key_r):
-    """Rejection sampling of drafts against the target.
-
-    target_logp [B,Dd+1,V] (processed p_0..p_Dd), draft_logq [B,Dd,V], drafts [B,Dd], keys [B].
-    Returns (n_accepted [B], tokens [B,Dd+1]: the accepted drafts, then the replacement or bonus
-    token at index n_accepted; entries after it are meaningless).
-    """
-    b, dd = drafts.shape
-    p_d = jnp.exp(take(target_logp[:, :dd], drafts))
-    q_d = jnp.exp(take(draft_logq, drafts))
-    u = jax.vmap(lambda k: jax.random.uniform(k, (dd,)))(key_u)
-    ok = u * q_d < p_d
-    n = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
-    p = jnp.exp(target_logp)
-    q = jnp.concatenate([jnp.exp(draft_logq), jnp.zeros_like(p[:, :1])], axis=1)
-    rows = jnp.arange(b)
-    resid = jnp.maximum(p[rows, n] - q[rows, n], 0.0)
-    total = resid.sum(-1, keepdims=True)
-    resid = jnp.where(total > 0, resid, p[rows, n])
-    fix = sample_logprobs(jnp.log(resid), key_r)
-    tokens = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
-    return n, tokens.at[rows, n].set(fix)
+def accept(drafts, targets):
+    """drafts [B,Dd], targets [B,Dd+1] (the tokens plain decoding samples at the window's
+    positions) -> n_accepted [B]: the length of the drafts' prefix that equals the targets'.
+    The emitted tokens are targets[:, :n_accepted + 1]."""
+    ok = drafts == targets[:, :drafts.shape[1]]
+    return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)

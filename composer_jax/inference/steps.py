@@ -18,7 +18,7 @@ from composer_jax.inference.cache import Cache, gather_slots, scatter_slots
 from composer_jax.inference.forward import forward_cached, make_window
 from composer_jax.inference.sampling import (SamplerArrays, processed_logprobs, raw_logprobs,
                                              sample, take)
-from composer_jax.inference.speculative import SpecState, accept, draft
+from composer_jax.inference.speculative import SpecState, accept, draft, gumbel_sample, keys_at
 
 
 @struct.dataclass
@@ -32,16 +32,13 @@ class StepOut:
     router: jax.Array | None
 
 
-def _split(keys, n: int):
-    """keys [B] -> [B, n]."""
-    return jax.vmap(lambda k: jax.random.split(k, n))(keys)
-
-
 def prefill_step(graphdef, state, cache: Cache, spec: SpecState | None, tokens, slots, starts,
-                 n_valid, forced, sp: SamplerArrays, keys, *, depth: int, capture: bool):
+                 n_valid, forced, sp: SamplerArrays, key_data, counters, *, depth: int,
+                 capture: bool):
     """Feeds chunks tokens [n,T] (row i: n_valid[i] real tokens at positions starts[i]..) into
-    cache slots [n], then samples the next token (or takes forced[i] when >= 0, used to rebuild a
-    cache whose next token is already known). With depth > 0 also drafts from the MTP modules.
+    cache slots [n], then samples the next token, token index counters[i] of its request (or
+    takes forced[i] when >= 0, used to rebuild a cache whose next token is already known). With
+    depth > 0 also drafts from the MTP modules. key_data [n,2]: the requests' keys.
 
     Returns (cache, spec, StepOut with W = 1, chunk router indices [Lm,n,T,K] or None).
     """
@@ -51,17 +48,17 @@ def prefill_step(graphdef, state, cache: Cache, spec: SpecState | None, tokens, 
     out, sub = forward_cached(graphdef, state, sub, tokens, win)
     rows = jnp.arange(n)
     last = n_valid - 1
-    ks = _split(keys, 1 + depth)
-    tok, lp, raw, _ = sample(out.logits[rows, last], sp, ks[:, 0])
+    tok, lp, raw, _ = sample(out.logits[rows, last], sp, keys_at(key_data, counters))
     tok = jnp.where(forced >= 0, forced, tok)
     router = out.router_indices if capture else None
     step_router = None if router is None else router[:, rows, last][:, :, None]
     if depth > 0:
         nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((n, 1 + depth), jnp.int32)], axis=1)
         nxt = nxt.at[rows, last].set(tok)
-        d, lq, sub = draft(graphdef, state, sub, depth, out.hidden, nxt, last, starts,
-                           n_valid > 0, sp, ks[:, 1:])
-        spec = SpecState(spec.drafts.at[slots].set(d), spec.draft_logq.at[slots].set(lq))
+        dkeys = keys_at(key_data, counters[:, None] + 1 + jnp.arange(depth))
+        d, sub = draft(graphdef, state, sub, depth, out.hidden, nxt, last, starts, n_valid > 0,
+                       sp, dkeys)
+        spec = SpecState(spec.drafts.at[slots].set(d))
     cache = scatter_slots(cache, slots, sub)
     res = StepOut(tok[:, None], lp[:, None], raw[:, None], jnp.ones((n,), jnp.int32), step_router)
     return cache, spec, res, router
@@ -78,8 +75,9 @@ def decode_step(graphdef, state, cache: Cache, pending, lengths, active, sp: Sam
 
 
 def spec_step(graphdef, state, cache: Cache, spec: SpecState, pending, lengths, active,
-              sp: SamplerArrays, keys, *, depth: int, capture: bool):
-    """Verifies [pending, drafts] for every active slot, accepts by rejection sampling and drafts
+              sp: SamplerArrays, key_data, counters, *, depth: int, capture: bool):
+    """Verifies [pending, drafts] for every active slot (`speculative.accept`: the tokens plain
+    decoding samples with the same keys; counters [B] = the index of the next token) and drafts
     again. Returns (cache, spec, StepOut with W = depth + 1, n_new = accepted + 1)."""
     b = pending.shape[0]
     w = depth + 1
@@ -88,13 +86,13 @@ def spec_step(graphdef, state, cache: Cache, spec: SpecState, pending, lengths, 
     out, cache = forward_cached(graphdef, state, cache, window, win)
     logp = processed_logprobs(out.logits, sp.temperature[:, None], sp.top_k[:, None],
                               sp.top_p[:, None])
-    ks = _split(keys, 2 + depth)
-    n_acc, toks = accept(logp, spec.draft_logq, spec.drafts, ks[:, 0], ks[:, 1])
+    toks = gumbel_sample(logp, keys_at(key_data, counters[:, None] + jnp.arange(w)))
+    n_acc = accept(spec.drafts, toks)
     nxt = jnp.concatenate([toks, jnp.zeros((b, depth), jnp.int32)], axis=1)
-    d, lq, cache = draft(graphdef, state, cache, depth, out.hidden, nxt, n_acc, lengths, active,
-                         sp, ks[:, 2:])
-    spec = SpecState(d, lq)
+    dkeys = keys_at(key_data, (counters + n_acc + 1)[:, None] + jnp.arange(depth))
+    d, cache = draft(graphdef, state, cache, depth, out.hidden, nxt, n_acc, lengths, active,
+                     sp, dkeys)
     res = StepOut(toks, take(logp, toks), take(raw_logprobs(out.logits), toks),
                   jnp.where(active, n_acc + 1, 0),
                   out.router_indices if capture else None)
-    return cache, spec, res
+    return cache, SpecState(d), res

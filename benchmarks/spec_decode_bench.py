@@ -1,0 +1,141 @@
+"""MTP speculative decoding on a trained model: acceptance and speed-up over plain decoding.
+
+Loads a pretraining run whose MTP head was trained (e.g. `cpt_debug` with more steps, or
+`cpt_small`), cuts prompts from held-out code (the stdlib modules in `composer_jax.heldout`, kept
+out of the pretraining corpus), and decodes them greedily with the engine at each batch size, plain
+(spec_depth=0) and speculative (spec_depth=1: the MTP module drafts one token per step, the main
+model verifies it), side by side in one run. Reported per batch size:
+
+  tok/s plain, tok/s spec, speed-up   end-to-end (prefill included): the fastest of --repeats
+                                      runs per mode, plain and spec interleaved, after a warm-up
+  acceptance                          drafts accepted / drafts proposed
+  mean_accepted_len                   tokens emitted per speculative step (bonus token included)
+  step_cost                           (spec seconds / spec steps) / (plain seconds / plain steps)
+  greedy_same                         prompts whose greedy tokens are identical in both modes
+
+speed-up ~= mean_accepted_len / step_cost, which says what limits it.
+
+    PYTHONPATH=$PWD python benchmarks/spec_decode_bench.py --from_run=RUN_DIR
+    # writes benchmarks/results/spec_decode_bench.txt
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import sysconfig
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from composer_jax.config import Config  # noqa: E402
+from composer_jax.heldout import HELDOUT_MODULES  # noqa: E402
+from composer_jax.inference import EngineConfig, SamplingParams  # noqa: E402
+from composer_jax.inference.timing import timed_generation, tokens_per_second  # noqa: E402
+
+OUT = pathlib.Path(__file__).resolve().parent / "results" / "spec_decode_bench.txt"
+
+
+def heldout_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    """n prompts of `length` tokens cut at line starts from the held-out stdlib modules' code."""
+    lib = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    prompts = []
+    for name in sorted(HELDOUT_MODULES):
+        path = lib / f"{name}.py"
+        if not path.exists():
+            path = lib / name / "__init__.py"
+        if not path.exists():
+            continue
+        lines = path.read_text().splitlines(keepends=True)
+        step = max(1, len(lines) // 4)
+        for start in range(len(lines) // 8, len(lines), step):   # past the module docstring
+            ids = tokenizer.encode("".join(lines[start:start + 60]))
+            if len(ids) >= length:
+                prompts.append(ids[:length])
+    if len(prompts) < n:
+        raise SystemExit(f"only {len(prompts)} held-out prompts of {length} tokens; lower --num_prompts")
+    rng = np.random.default_rng(0)
+    return [prompts[i] for i in rng.choice(len(prompts), n, replace=False)]
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "uptime unavailable"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--from_run", required=True, help="a pretraining run's workdir (MTP trained)")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--num_prompts", type=int, default=8)
+    ap.add_argument("--prompt_len", type=int, default=48)
+    ap.add_argument("--new_tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per mode "
+                    "(the fastest counts)")
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args()
+
+    from composer_jax.data.tokenizer import load_tokenizer
+    from composer_jax.train.weights import load_weights
+    w = load_weights(args.from_run, Config())
+    if w.tokenizer_path is None:
+        raise SystemExit(f"{args.from_run} has no tokenizer.json: give a pretraining run's workdir")
+    model = w.model()
+    if model.cfg.mtp_depth < 1:
+        raise SystemExit(f"{args.from_run}'s model has no MTP module (mtp_depth=0)")
+    tok = load_tokenizer(w.tokenizer_path)
+    prompts = heldout_prompts(tok, args.num_prompts, args.prompt_len)
+    graphdef, state = nnx.split(model)
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
+    out = pathlib.Path(args.out)
+    head = [f"# benchmarks/spec_decode_bench.py — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"jax {jax.__version__}, cpu x{os.cpu_count()} cores",
+            f"# model: {args.from_run} at step {w.step} ({model.cfg.name}: hidden "
+            f"{model.cfg.hidden_size}, {model.cfg.num_layers} layers, vocab {model.cfg.vocab_size}, "
+            f"mtp_depth {model.cfg.mtp_depth}); greedy; {len(prompts)} held-out code prompts of "
+            f"{args.prompt_len} tokens (stdlib {', '.join(sorted(HELDOUT_MODULES))}), "
+            f"{args.new_tokens} new tokens; spec = spec_depth 1",
+            f"# load at start: {_uptime()}",
+            f"{'batch':>5} {'tok/s_plain':>11} {'tok/s_spec':>10} {'speed-up':>8} "
+            f"{'acceptance':>10} {'mean_accepted_len':>17} {'step_cost':>9} {'greedy_same':>11}"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(head) + "\n")
+    print("\n".join(head), flush=True)
+    for b in (int(x) for x in args.batches.split(",")):
+        base = EngineConfig(max_batch=b, max_len=args.prompt_len + args.new_tokens + 2,
+                            max_queue=len(prompts), prefill_batch=b)
+        spec_cfg = EngineConfig(**{**base.__dict__, "spec_depth": 1})
+        runs = {"plain": [], "spec": []}
+        for r in range(args.repeats):          # interleaved, the first of each untimed (compiles)
+            for name, ecfg in (("plain", base), ("spec", spec_cfg)):
+                runs[name].append(timed_generation(graphdef, state, prompts, params, ecfg,
+                                                   warmup=r == 0))
+        plain, p_secs, p_eng = min(runs["plain"], key=lambda x: x[1])
+        spec, s_secs, s_eng = min(runs["spec"], key=lambda x: x[1])
+        m = s_eng.speculation_metrics()
+        p_tps, s_tps = tokens_per_second(plain, p_secs), tokens_per_second(spec, s_secs)
+        cost = (s_secs / s_eng.stats["decode_steps"]) / (p_secs / p_eng.stats["decode_steps"])
+        same = sum(a.tokens == c.tokens for a, c in zip(plain, spec))
+        line = (f"{b:>5} {p_tps:>11.1f} {s_tps:>10.1f} {s_tps / p_tps:>8.2f} "
+                f"{m['acceptance_per_depth'][0]:>10.3f} {m['mean_accepted_length']:>17.3f} "
+                f"{cost:>9.2f} {f'{same}/{len(prompts)}':>11}")
+        with out.open("a") as f:
+            f.write(line + "\n")
+        print(line, flush=True)
+    sample = tok.decode(prompts[0]) + "<<" + tok.decode(plain[0].tokens) + ">>"
+    with out.open("a") as f:
+        f.write(f"# load at end: {_uptime()}\n# sample (prompt<<greedy completion>>):\n"
+                + "".join(f"#   {line}\n" for line in sample.splitlines()))
+
+
+if __name__ == "__main__":
+    main()
