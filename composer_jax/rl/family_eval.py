@@ -117,7 +117,9 @@ def evaluate_run(source: str, progress: bool = True) -> dict:
         raise ConfigError(f"eval.policy={source!r}: the run's task family rl.tasks="
                           f"{cfg.rl.tasks.value} has no held-out split of its own; use "
                           f"eval.suite=cjbench")
-    weights = load_weights(source, cfg)
+    run_dir = pathlib.Path(run_dir).resolve()     # Orbax reads checkpoints by absolute path
+    _, step = parse_run_source(source)
+    weights = load_weights(str(run_dir) if step is None else f"{run_dir}@{step}", cfg)
     version = weights.step if weights.step is not None else -1
     program = build_program(program_spec(cfg))
     ev = FamilyEvaluator(program, cfg)
