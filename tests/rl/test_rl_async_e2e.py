@@ -45,7 +45,8 @@ def test_rl_async_kill_and_resume(tmp_path, extra):
     assert summary["version"] == 6 and summary["resumed_from"] >= 2
     from composer_jax.rl.audit import audit_run
     a = audit_run(tmp_path, 4)
-    assert a["versions"] == 6 and a["consumed"] == 6 * 2 * 4
+    dropped = summary["stale_dropped_groups"]        # consumed as too stale, never trained
+    assert a["versions"] == 6 and a["consumed"] == (6 * 2 + dropped) * 4
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     keys = set().union(*rows)
     for k in ("reward_mean", "resolved_rate", "eval_resolved_rate", "staleness_mean",

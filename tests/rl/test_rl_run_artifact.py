@@ -71,9 +71,7 @@ def rl_run(tmp_path_factory):
 def test_run_writes_meta_tokenizer_and_a_short_summary(rl_run):
     work, p = rl_run
     from composer_jax.train.run_checkpoint import checkpoint_steps, read_meta
-    # version 0 (the evaluated starting policy, WORKDIR@0) and every eval_every-th version are
-    # kept beside the newest two
-    assert checkpoint_steps(work) == [0, 2, 4]
+    assert checkpoint_steps(work) == [0, 2, 4]     # version 0 and every eval_every-th are kept
     meta = read_meta(work, 4)
     assert meta["kind"] == "rl" and meta["model"]["name"] == "tiny_toy" and meta["version"] == 4
     assert (work / "tokenizer.json").is_file() and (work / "prompts.json").is_file()
