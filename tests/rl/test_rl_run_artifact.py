@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-SMALL = ["rl.task=parity", "rl.job.checkpoint_every=2", "rl.job.eval_every=4", "rl.batch_groups=2",
+SMALL = ["rl.job.checkpoint_every=2", "rl.job.eval_every=4", "rl.batch_groups=2",
          "rl.group_size=2", "rl.job.num_rollout_workers=4", "rl.task.num_train_tasks=8",
          "rl.task.num_eval_tasks=2"]
 
 
-def _cmd(workdir, *sets, experiment="rl_async"):
+def _cmd(workdir, *sets, experiment="rl_async_parity"):
     cmd = [sys.executable, str(ROOT / "launch.py"), f"--experiment={experiment}",
            f"--workdir={workdir}"]
     for s in sets:
