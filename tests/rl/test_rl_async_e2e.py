@@ -12,13 +12,13 @@ import time
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-SETS = ["rl.task=parity", "rl.steps=6", "rl.job.checkpoint_every=2", "rl.job.eval_every=3",
+SETS = ["rl.steps=6", "rl.job.checkpoint_every=2", "rl.job.eval_every=3",
         "rl.batch_groups=2", "rl.group_size=4", "rl.job.num_rollout_workers=8",
         "rl.task.num_train_tasks=8", "rl.task.num_eval_tasks=4"]
 
 
 def _cmd(workdir, extra=()):
-    cmd = [sys.executable, str(ROOT / "launch.py"), "--experiment=rl_async", f"--workdir={workdir}"]
+    cmd = [sys.executable, str(ROOT / "launch.py"), "--experiment=rl_async_parity", f"--workdir={workdir}"]
     for s in SETS + list(extra):
         cmd += ["--set", s]
     return cmd
