@@ -113,11 +113,12 @@ def main() -> None:
         f"seeds {seeds}; overrides {args.overrides}",
         f"machine: {os.cpu_count()} CPUs (shared); 1/5/15-min load average at start "
         f"{load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}, at end {os.getloadavg()[0]:.1f}",
-        "", f"{'seed':>4} {'first (v)':>18} {'last (v)':>18} {'run s':>7}"]
+        "", f"{'seed':>4} {'first (v)':>18} {'last (v)':>18} {'run s':>7}  (run s: the run's own "
+            f"elapsed time, rl_summary.json; excludes the one-time cached SFT)"]
     for r in per_seed:
         lines.append(f"{r['seed']:>4} {r['first']:>8.3f}+-{r['first_se']:.3f} (v{r['first_version']})"
                      f" {r['last']:>8.3f}+-{r['last_se']:.3f} (v{r['last_version']})"
-                     f" {r['wall_s']:>7.0f}")
+                     f" {r['run_elapsed_s'] or 0:>7.0f}")
     lines += ["", f"pooled over {n} seeds ({per_seed[0]['num_tasks']} held-out tasks each): "
               f"first {first:.3f} +- {se_first:.3f}, last {last:.3f} +- {se_last:.3f}, "
               f"z = {z:.2f}",

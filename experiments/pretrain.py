@@ -115,7 +115,8 @@ def _sft() -> Config:
 def _run_cpt(cfg: Config, workdir: pathlib.Path) -> None:
     import jax
 
-    from composer_jax.inference import SamplingParams, generate
+    from composer_jax.inference import SamplingParams
+    from composer_jax.inference.generate import generate   # the function, not the submodule
     from composer_jax.train.loop import train
 
     result = train(cfg, workdir, kind="cpt")

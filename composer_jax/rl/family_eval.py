@@ -100,17 +100,22 @@ def evaluate_run(source: str) -> dict:
     """Scores `source` ("WORKDIR" = its newest checkpoint, "WORKDIR@V" = version V) on the held-out
     split of the run's own task family, with the run's config; returns the evaluation row plus
     `policy`, `version` and `task_family`."""
-    cfg = run_config(source)
+    import pathlib
+
     from composer_jax.errors import ConfigError
     from composer_jax.rl.program import build_program
     from composer_jax.rl.task_program import task_program_spec
+    from composer_jax.train.run_checkpoint import parse_run_source
     from composer_jax.train.weights import load_weights
+    cfg = run_config(source)
     program = build_program(task_program_spec(cfg))
     if not program.eval_tasks():
         raise ConfigError(f"eval.policy={source!r}: the run's task family rl.task="
                           f"{cfg.rl.task.family} has no held-out split of its own; use "
                           f"eval.suite=cjbench")
-    weights = load_weights(source, cfg)
+    run_dir, step = parse_run_source(source)
+    run_dir = pathlib.Path(run_dir).resolve()     # Orbax reads checkpoints by absolute path
+    weights = load_weights(str(run_dir) if step is None else f"{run_dir}@{step}", cfg)
     version = weights.step if weights.step is not None else -1
     ev = FamilyEvaluator(program, cfg)
     try:

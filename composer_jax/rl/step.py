@@ -201,8 +201,10 @@ def build_rl_step(model, cfg: Config, mesh=None) -> tuple[RLStepFns, TrainState]
     initial TrainState (placed on `mesh` when given: the builder's `Placement`, the batch fields by
     `RL_FIELDS`). The reference policy (beta > 0 only) is a frozen copy of the initial weights,
     sharded like the policy; with beta = 0 none is kept and its pass is skipped."""
-    # one source of truth for the length of an RL run: the schedule spans rl.steps updates
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=cfg.rl.steps))
+    # one source of truth for the length of an RL run: the schedule spans rl.steps updates (a
+    # warm-up longer than that is cut to the run)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, steps=cfg.rl.steps, warmup_steps=min(cfg.train.warmup_steps, cfg.rl.steps)))
     fns, state = build(model, cfg, mesh, loss=RL_POLICY_LOSS)
     pc = None if mesh is None else context_from_config(mesh, cfg.mesh)
     pure = make_rl_step(fns.graphdef, fns.abstract_params, fns.abstract_buffers, fns.tx, cfg, pc)

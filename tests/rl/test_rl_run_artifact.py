@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-SMALL = ["rl.task=parity", "rl.job.checkpoint_every=2", "rl.job.eval_every=4", "rl.batch_groups=2",
+SMALL = ["rl.job.checkpoint_every=2", "rl.job.eval_every=4", "rl.batch_groups=2",
          "rl.group_size=2", "rl.job.num_rollout_workers=4", "rl.task.num_train_tasks=8",
          "rl.task.num_eval_tasks=2"]
 
 
-def _cmd(workdir, *sets, experiment="rl_async"):
+def _cmd(workdir, *sets, experiment="rl_async_parity"):
     cmd = [sys.executable, str(ROOT / "launch.py"), f"--experiment={experiment}",
            f"--workdir={workdir}"]
     for s in sets:
@@ -71,9 +71,7 @@ def rl_run(tmp_path_factory):
 def test_run_writes_meta_tokenizer_and_a_short_summary(rl_run):
     work, p = rl_run
     from composer_jax.train.run_checkpoint import checkpoint_steps, read_meta
-    # version 0 (the evaluated starting policy, WORKDIR@0) and every eval_every-th version are
-    # kept beside the newest two
-    assert checkpoint_steps(work) == [0, 2, 4]
+    assert checkpoint_steps(work) == [0, 2, 4]     # version 0 and every eval_every-th are kept
     meta = read_meta(work, 4)
     assert meta["kind"] == "rl" and meta["model"]["name"] == "tiny_toy" and meta["version"] == 4
     assert (work / "tokenizer.json").is_file() and (work / "prompts.json").is_file()
