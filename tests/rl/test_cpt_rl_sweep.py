@@ -154,3 +154,29 @@ def test_report_only_reads_cells_on_disk(tmp_path):
     assert s["budgets"][0]["val_loss"] == 6.5
     assert s["budgets"][0]["auc"]["mean"] == pytest.approx(0.375)
     assert not (tmp_path / "pretrained").exists()
+
+
+def test_completion_tasks_are_held_out_code_and_fixed_across_run_seeds(tmp_path):
+    """Tasks are contiguous (prompt, target) slices of the modules' token streams; training and
+    held-out tasks come from different modules; the held-out set does not depend on cfg.seed."""
+    from composer_jax.api import make_config
+    from composer_jax.data.tokenizer import SplitPattern, train_tokenizer
+    from composer_jax.registry import get
+    from composer_jax.rl.tasks.stdlib_completion import StdlibCompletionFamily, module_source
+    tok = train_tokenizer([module_source(m) for m in ("bisect", "shlex")], 512, SplitPattern.KIMI)
+    tok.save(tmp_path / "tokenizer.json")
+    base = get("cpt_rl_sweep").make_config()
+    fams = [StdlibCompletionFamily(make_config(base, [
+        f"rl.task.init_from={tmp_path}", "rl.task.train_modules=bisect",
+        "rl.task.eval_modules=shlex", "rl.task.num_train_tasks=6", "rl.task.num_eval_tasks=5",
+        "rl.task.prompt_tokens=16", "rl.task.target_tokens=3", f"seed={seed}"])) for seed in (0, 1)]
+    assert fams[0].make_tasks("eval") == fams[1].make_tasks("eval")
+    assert len(fams[0].make_tasks("train")) == 6 and len(fams[0].make_tasks("eval")) == 5
+    for split, mod in (("train", "bisect"), ("eval", "shlex")):
+        stream = tok.encode(module_source(mod))
+        for tid in fams[0].make_tasks(split):
+            m, pos = tid.split(":")
+            prompt, target = fams[0].task(tid)
+            assert m == mod and len(prompt) == 16 and len(target) == 3
+            assert list(prompt) + list(target) == stream[int(pos) - 16:int(pos) + 3]
+            assert tok.decode(target).strip()

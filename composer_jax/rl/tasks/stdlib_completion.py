@@ -42,7 +42,9 @@ NAME = __name__
 class StdlibCompletionConfig(TaskConfig):
     """The section rl.task of this family: init_from, the pretrained policy's run workdir;
     prompt_tokens / target_tokens: context and answer length in tokens; train_modules /
-    eval_modules: disjoint held-out stdlib modules the training and held-out tasks come from."""
+    eval_modules: disjoint held-out stdlib modules the training and held-out tasks come from;
+    task_seed: draws the task positions (independent of the run's seed, so runs with different
+    seeds score the same held-out tasks)."""
     family: str = NAME
     num_train_tasks: int = 64
     num_eval_tasks: int = 32
@@ -51,6 +53,7 @@ class StdlibCompletionConfig(TaskConfig):
     target_tokens: int = 4
     train_modules: tuple[str, ...] = ("bisect", "colorsys", "fractions", "heapq")
     eval_modules: tuple[str, ...] = ("difflib", "shlex", "statistics", "textwrap")
+    task_seed: int = 0
 
     def __post_init__(self):
         super().__post_init__()
@@ -127,7 +130,7 @@ class StdlibCompletionFamily(TaskFamily):
             raise ConfigError("rl.task.init_from is empty: set it to a pretraining run's workdir "
                               "(e.g. a cpt_debug run), which gives the policy and tokenizer.json")
         self.tokenizer_path = str(pathlib.Path(t.init_from) / "tokenizer.json")
-        args = (self.tokenizer_path, t.prompt_tokens, t.target_tokens, cfg.seed)
+        args = (self.tokenizer_path, t.prompt_tokens, t.target_tokens, t.task_seed)
         self._split = {
             "train": make_split(args[0], tuple(t.train_modules), t.num_train_tasks, *args[1:]),
             "eval": make_split(args[0], tuple(t.eval_modules), t.num_eval_tasks, *args[1:])}
