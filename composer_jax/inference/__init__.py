@@ -9,6 +9,8 @@ The names load on first use, so the JAX-free modules (`params`: SamplingParams, 
 Completion and the errors) import without JAX (rollout workers, the agent package).
 """
 import importlib
+import sys
+import types
 
 _WHERE = {"EngineConfig": "config", "Engine": "engine", "generate": "generate",
           "SamplingParams": "params", "Completion": "requests", "EngineStoppedError": "requests",
@@ -27,3 +29,17 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(__all__)
+
+
+class _Package(types.ModuleType):
+    """`composer_jax.inference.generate` is both a submodule and the function it defines: importing
+    the submodule sets the package attribute to the module, so this keeps the function there (as
+    the eager import did), and `from composer_jax.inference import generate` is always callable."""
+
+    def __setattr__(self, name, value):
+        if name == "generate" and isinstance(value, types.ModuleType):
+            value = value.generate
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
