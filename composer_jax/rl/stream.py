@@ -106,14 +106,14 @@ class RolloutLog:
 
     def admitted(self) -> dict[str, dict]:
         """group_id -> its admitted.jsonl row."""
-        return {row["group_id"]: row for row in _read_lines(self.root / "admitted.jsonl")}
+        return {row["group_id"]: row for row in read_jsonl(self.root / "admitted.jsonl")}
 
     def append_consumed(self, version: int, groups: list[str], rollout_ids: list[str]) -> None:
         _append_line(self.root / "consumed.jsonl",
                      {"version": version, "groups": groups, "rollout_ids": rollout_ids})
 
     def consumed_rows(self) -> list[dict]:
-        return _read_lines(self.root / "consumed.jsonl")
+        return read_jsonl(self.root / "consumed.jsonl")
 
     def truncate_consumed(self, version: int) -> list[dict]:
         """Keeps the consumed rows of versions <= `version` (the restored checkpoint's): the steps
@@ -139,7 +139,8 @@ def _append_line(path: pathlib.Path, row: dict) -> None:
         os.close(fd)
 
 
-def _read_lines(path: pathlib.Path) -> list[dict]:
+def read_jsonl(path: pathlib.Path) -> list[dict]:
+    """The rows of a line-delimited JSON log ([] when missing), skipping a torn line."""
     if not path.exists():
         return []
     rows = []

@@ -12,17 +12,7 @@ import pathlib
 
 import numpy as np
 
-
-def read_jsonl(path: pathlib.Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue                     # a line cut by a crash
-    return rows
+from composer_jax.rl.stream import read_jsonl
 
 
 def val_loss_at(cpt_dir: pathlib.Path, step: int) -> float:
