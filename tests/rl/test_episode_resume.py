@@ -1,0 +1,197 @@
+"""Turn-level episode checkpoints and resume (`agent.episode_checkpoint`).
+
+- a multi-turn lookup episode (the rl_async default family: its SFT policy on the real engine,
+  process workers) whose worker is SIGKILLed right after its first turn's checkpoint finishes on
+  another worker from turn 1, its record says `resumed_at_turns == [1]`, and every token, behaviour
+  log-prob, version and router row equals an uninterrupted run's with the same weights and seed;
+- the same on a scripted engine in process (the checkpoint's state round trip: tool transcript,
+  counters, reward), and an engine failure mid-episode resumes in place (`run_job`).
+
+The lookup family stands in for coding here: a coding episode on this 2-core CI machine takes
+minutes (a 3072-token context through the engine per turn), a lookup episode about a second.
+"""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from composer_jax.agent.episode_checkpoint import EpisodeCheckpoint
+
+FIELDS = ("tokens", "trainable", "logprobs", "model_logprobs", "versions", "router_indices")
+
+
+def _same_tokens(a, b):
+    assert len(a.segments) == len(b.segments)
+    for sa, sb in zip(a.segments, b.segments):
+        for f in FIELDS:
+            x, y = getattr(sa, f), getattr(sb, f)
+            assert (x is None) == (y is None), f
+            if x is not None:
+                assert x.shape == y.shape and np.array_equal(x, y), f
+        assert sa.turns == sb.turns
+    assert a.reward == b.reward
+
+
+def _result(pool, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pool.results(1.0)
+        if got:
+            assert len(got) == 1
+            return got[0]
+    raise AssertionError("no result from the pool")
+
+
+def test_sigkilled_worker_resumes_from_last_turn(tmp_path):
+    from composer_jax import registry
+    from composer_jax.rl.backend_local import ProcessPool
+    from composer_jax.rl.jobs import Job
+    from composer_jax.rl.program import build_program
+    from composer_jax.rl.task_program import task_program_spec
+    cfg = registry.get("rl_async").make_config()
+    spec = task_program_spec(cfg)
+    program = build_program(spec)
+    server = program.make_policy()          # the SFT policy, weights fixed for both runs
+    kills = []
+
+    def kill_after_first_turn(rid, data, pid):
+        if kills == ["armed"] and EpisodeCheckpoint.from_bytes(data).turn == 1:
+            os.kill(pid, signal.SIGKILL)
+            kills[:] = [pid]
+
+    pool = ProcessPool(spec, server, 2, checkpoints=tmp_path / "ckpt",
+                       on_checkpoint=kill_after_first_turn)
+    try:
+        tasks = program.train_tasks()
+        for i in range(6):                 # an episode of two turns or more
+            job = Job("group-000000", i, tasks[i], 1000 + i)
+            pool.submit(job)
+            _, ref = _result(pool)
+            if ref.error is None and ref.info["num_turns"] >= 2:
+                break
+        assert ref.error is None and ref.info["num_turns"] >= 2, ref.info
+        assert "resumed_at_turns" not in ref.info
+        kills.append("armed")
+        pool.submit(job)
+        back, none = _result(pool)
+        assert none is None and len(kills) == 1 and kills[0] != "armed"   # the worker died
+        assert back.attempt == 1 and EpisodeCheckpoint.from_bytes(back.resume).turn == 1
+        assert pool.resumed == 1 and pool.tokens_saved > 0
+        pool.submit(back)                  # what the driver does with a dead worker's job
+        _, res = _result(pool)
+    finally:
+        pool.close()
+        server.close()
+    assert res.error is None, res.error
+    assert res.info["resumed_at_turns"] == [1] and res.info["worker_deaths"] == 1
+    assert res.info["num_turns"] == ref.info["num_turns"]
+    _same_tokens(res, ref)
+    saved = res.info["resumed_tokens_saved"][0]
+    first = ref.segments[0].turns[0]
+    assert saved == first.sample_end - first.sample_start     # turn 1's tokens were not redone
+    assert not any((tmp_path / "ckpt").iterdir())             # finished episodes drop theirs
+
+
+# ---------------------------------------------------------------------- scripted engine
+
+class _Engine:
+    """A scripted engine: turn i samples texts[i] (+ <|im_end|>) with distinct log-probs;
+    `fail_at`: the request index whose wait raises once (the engine died)."""
+
+    def __init__(self, tok, texts, fail_at=None):
+        import types
+        from composer_jax.agent import lookup as lk
+        self.tok, self.texts, self.fail_at = tok, list(texts), fail_at
+        self.fed, self.sessions, self.ended = [], [], []
+        self.cfg = types.SimpleNamespace(max_len=191)
+        self.model_cfg = types.SimpleNamespace(vocab_size=lk.VOCAB_SIZE)
+        self.turn = 0
+
+    def submit(self, ids, params, session=None):
+        self.fed.append(list(ids))
+        self.sessions.append(session)
+        return len(self.fed) - 1
+
+    def wait(self, rid, timeout=None):
+        import types
+        from composer_jax.agent.episode_checkpoint import EngineUnavailable
+        from composer_jax.env import protocol
+        if rid == self.fail_at:
+            self.fail_at = None
+            raise EngineUnavailable("the engine died")
+        turn = params_turn = self.turn
+        self.turn += 1
+        toks = self.tok.encode(self.texts[params_turn]) + [self.tok.token_to_id(protocol.IM_END)]
+        n = len(toks)
+        lp = [-0.01 * (turn + 1) * (k + 1) for k in range(n)]
+        return types.SimpleNamespace(tokens=toks, logprobs=lp, raw_logprobs=lp,
+                                     versions=[turn] * n, router_indices=[],
+                                     prompt_router_indices=None, prompt_router_start=0,
+                                     finish_reason="stop_token")
+
+    def end_session(self, session):
+        self.ended.append(session)
+
+
+def _lookup_family():
+    from composer_jax import registry
+    from composer_jax.rl.tasks.lookup import LookupFamily
+    return LookupFamily(registry.get("rl_async").make_config())
+
+
+def _texts(task):
+    from composer_jax.env import protocol
+    return [protocol.render_assistant("", [("read_file", {"target_file": task.key})], 0),
+            protocol.render_assistant("", [("read_file", {"target_file": task.key})], 1),
+            protocol.render_assistant("", [("finish", {"message": task.code, "success": True})],
+                                      2)]
+
+
+def test_checkpoint_round_trip_resumes_exactly():
+    from composer_jax.agent import lookup as lk
+    fam = _lookup_family()
+    task = lk.make_tasks(1, 0, "train")[0]
+    tok = fam.tokenizer()
+    ref = fam.episode(_Engine(tok, _texts(task)), task, 7, greedy=False)
+    cks = []
+    fam.episode(_Engine(tok, _texts(task)), task, 7, greedy=False,
+                checkpoint=lambda ck: cks.append(ck.to_bytes()))
+    assert [EpisodeCheckpoint.from_bytes(c).turn for c in cks] == [1, 2]
+    ck = EpisodeCheckpoint.from_bytes(cks[0])
+    assert ck.state["workspace"]["state"]["reads"] == [task.key]
+    eng = _Engine(tok, _texts(task))
+    eng.turn = 1
+    res = fam.episode(eng, task, 7, greedy=False, resume=ck)
+    assert res.error is None and res.reward["resolved"] == 1.0
+    _same_tokens(res, ref)
+    assert res.info["resumed_at_turns"] == [1] and res.info["reads"] == ref.info["reads"]
+    assert res.info["num_calls"] == 3 and res.info["num_turns"] == 3
+    # the resumed session was fed the whole recorded prefix, then the new tool result
+    prefix = ck.segments[-1].tokens.tolist()
+    assert eng.fed[0][:len(prefix)] == prefix and len(eng.fed[0]) > len(prefix)
+    assert eng.sessions[0].endswith(".r1") and eng.ended[0] == ck.state["seg"]["session"]
+
+
+def test_engine_failure_resumes_in_place():
+    from composer_jax.agent import lookup as lk
+    from composer_jax.rl.jobs import Job, run_job
+    fam = _lookup_family()
+    task = lk.make_tasks(1, 0, "train")[0]
+    tok = fam.tokenizer()
+    ref = fam.episode(_Engine(tok, _texts(task)), task, 7, greedy=False)
+    eng = _Engine(tok, _texts(task), fail_at=2)      # turn 3's request: after 2 checkpoints
+
+    class Program:
+        resumable = True
+
+        def run_episode(self, task_id, seed, policy, *, greedy, checkpoint=None, resume=None):
+            return fam.episode(eng, task, seed, greedy=greedy, checkpoint=checkpoint,
+                               resume=resume)
+    saved = []
+    r = run_job(Program(), Job("g", 0, task.task_id, 7), None, "w",
+                save=lambda rid, data: saved.append(rid))
+    assert r.error is None and r.info["interruptions"] == 1
+    assert r.info["resumed_at_turns"] == [2] and saved == ["g-s000"] * 2
+    _same_tokens(r, ref)
