@@ -70,7 +70,8 @@ class AgentConfig:
     max_summaries: per episode (then the episode stops with "context_full" when it no longer
     fits); include_tool_specs: put the tool declarations in the prompt; record_messages: keep the
     per-segment conversation text in `Rollout.info["messages"]`; request_timeout_s: longest wait
-    for one turn from the engine."""
+    for one turn from the engine; resume_replay: a resumed episode replays its recorded turns
+    through the engine (forced ids, bit-exact cache) instead of one prefill of the prefix."""
     max_new_tokens: int = 1024
     temperature: float = 1.0
     top_k: int = 0
@@ -81,6 +82,7 @@ class AgentConfig:
     include_tool_specs: bool = True
     record_messages: bool = True
     request_timeout_s: float = 3600.0
+    resume_replay: bool = False
 
     def __post_init__(self):
         for f in ("max_new_tokens", "summary_max_tokens"):
@@ -473,7 +475,23 @@ class _TokenTurns:
         self.segs.append(seg)
         self.pending, self.counted = [dict(m) for m in st["pending"]], int(st["counted"])
         self.agent.engine.end_session(s["session"])
+        if self.agent.cfg.resume_replay and not seg.fresh:
+            self._replay(seg)
         return LoopState(**st["loop"])
+
+    def _replay(self, seg: _Seg) -> None:
+        """Rebuilds the session's cache as the turns built it: each turn's fed ids prefilled,
+        its sampled ids forced through decode (the outputs are not recorded again)."""
+        eng, toks, start = self.agent.engine, seg.builder.tokens, 0
+        for turn in seg.builder.turns:
+            forced = toks[turn.sample_start:turn.sample_end]
+            if not forced:
+                continue
+            params = SamplingParams(forced_tokens=tuple(forced), max_new_tokens=len(forced))
+            rid = eng.submit(toks[start:turn.sample_start], params, session=seg.session)
+            eng.wait(rid, timeout=self.agent.cfg.request_timeout_s)
+            start = turn.sample_end
+        seg.unsent = list(toks[start:])
 
 
 def initial_from(messages: list[dict]) -> list[dict]:

@@ -80,7 +80,8 @@ class CodingFamily(TaskFamily):
         agent_cfg = AgentConfig(summary_trigger_tokens=rl.summary_trigger_tokens,
                                 max_new_tokens=rl.max_new_tokens,
                                 temperature=0.0 if greedy else rl.temperature,
-                                record_messages=False)
+                                record_messages=False,
+                                resume_replay=rl.resume_mode.value == "replay")
         agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.cfg.env,
                            policy=SeededTurns(seed))
         # a crashed episode comes back as an error rollout (reward 0, reason kept), never raises

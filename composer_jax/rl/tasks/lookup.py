@@ -93,7 +93,8 @@ class LookupFamily(TaskFamily):
         agent_cfg = AgentConfig(max_new_tokens=rl.max_new_tokens,
                                 temperature=0.0 if greedy else rl.temperature,
                                 summary_trigger_tokens=rl.summary_trigger_tokens,
-                                include_tool_specs=False, record_messages=False)
+                                include_tool_specs=False, record_messages=False,
+                                resume_replay=rl.resume_mode.value == "replay")
         agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.env_cfg,
                            policy=SeededTurns(seed))
         r = agent.run_on(lk.NoteBook(task), task.messages(), task.task_id,
