@@ -232,3 +232,36 @@ def test_engine_failure_resumes_in_place():
     assert r.error is None and r.info["interruptions"] == 1
     assert r.info["resumed_at_turns"] == [2] and saved == ["g-s000"] * 2
     _same_tokens(r, ref)
+
+
+def test_sandbox_workspace_state_is_a_diff_that_restores(tmp_path):
+    """A coding workspace checkpoints as its changed files against the snapshot (edits, new
+    files in new folders, deletions) and a fresh workspace of the same snapshot restores them."""
+    import json
+
+    from composer_jax.agent.episode_checkpoint import restore_workspace, workspace_state
+    from composer_jax.env.workspace import open_workspace
+    snap = tmp_path / "snapshot"
+    (snap / "pkg").mkdir(parents=True)
+    (snap / "pkg" / "a.py").write_text("x = 1\n")
+    (snap / "pkg" / "gone.py").write_text("y = 2\n")
+    (snap / "README").write_text("unchanged\n")
+    with open_workspace(snap) as ws:
+        (ws.root / "pkg" / "a.py").write_text("x = 3\n")
+        (ws.root / "pkg" / "gone.py").unlink()
+        (ws.root / "new" / "deep").mkdir(parents=True)
+        (ws.root / "new" / "deep" / "b.py").write_bytes(b"\x00binary\xff")
+        ws.num_calls, ws.num_invalid_calls = 5, 1
+        state = json.loads(json.dumps(workspace_state(ws)))     # JSON, as in the record
+        before = ws.changed_files()
+    assert sorted(state["files"]) == before == ["new/deep/b.py", "pkg/a.py", "pkg/gone.py"]
+    assert state["files"]["pkg/gone.py"] is None and "README" not in state["files"]
+    with open_workspace(snap) as ws2:
+        restore_workspace(ws2, state)
+        assert ws2.changed_files() == before
+        assert (ws2.root / "pkg" / "a.py").read_text() == "x = 3\n"
+        assert (ws2.root / "new" / "deep" / "b.py").read_bytes() == b"\x00binary\xff"
+        assert not (ws2.root / "pkg" / "gone.py").exists()
+        assert (ws2.num_calls, ws2.num_invalid_calls) == (5, 1)
+        out = ws2.run_command("cat pkg/a.py && echo ok > new/deep/c.txt && cat new/deep/c.txt")
+        assert "x = 3" in out.output and "ok" in out.output   # the sandbox sees and can write them
