@@ -149,10 +149,12 @@ def chaos(backend: ChaosBackend, every: float, seed: int, stop: threading.Event,
 
 def tally(workdir: pathlib.Path) -> dict:
     """Resumes and tokens from the logged rollouts (module docstring)."""
+    from composer_jax.agent.rollout import Rollout
     from composer_jax.rl.stream import RolloutLog
     out = dict(rollouts=0, resumed_rollouts=0, turns_resumed=0, tokens_saved=0,
                tokens_regenerated_max=0, restarts_from_scratch=0, sampled_tokens=0)
-    for r in RolloutLog(workdir / "rollouts").scan():
+    for logged in RolloutLog(workdir / "rollouts").scan():
+        r = Rollout.load(logged.path)
         out["rollouts"] += 1
         out["sampled_tokens"] += r.num_trainable
         turns = [t for s in r.segments for t in s.turns]
@@ -172,7 +174,7 @@ def tally(workdir: pathlib.Path) -> dict:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--batch-groups", type=int, default=2)
@@ -204,6 +206,7 @@ def main(argv=None) -> dict:
     store = backend.make_store(WeightSyncSettings(**dataclasses.asdict(cfg.rl.weight_sync)))
     stop, events = threading.Event(), []
     th = threading.Thread(target=chaos, args=(backend, a.every, a.seed, stop, events), daemon=True)
+    load0 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     t0 = time.monotonic()
     th.start()
     try:
@@ -221,7 +224,8 @@ def main(argv=None) -> dict:
         "# chaos_bench: RL run (rl_async lookup family, tiny MoE, process rollout workers) with "
         "a random kill every few seconds",
         f"command: PYTHONPATH=$PWD python benchmarks/chaos_bench.py {' '.join(argv or sys.argv[1:])}",
-        f"load before/after: {load}",
+        f"load before: {load0}",
+        f"load after:  {load}",
         f"settings: steps={a.steps} workers={a.workers} G={a.group_size} B={a.batch_groups} "
         f"kill every {a.every}s resume_mode={a.resume_mode} seed={a.seed}; wall {wall:.0f}s",
         f"kills: worker SIGKILL {kills['worker']}, engine restart {kills['engine']}, "
@@ -234,7 +238,9 @@ def main(argv=None) -> dict:
         f"turns resumed: {t['turns_resumed']} (in {t['resumed_rollouts']} rollouts); restarts "
         f"from scratch (no checkpoint yet): {t['restarts_from_scratch']}",
         f"sampled tokens: {t['sampled_tokens']}; saved by resuming: {t['tokens_saved']}; "
-        f"regenerated (at most): {t['tokens_regenerated_max']}",
+        f"regenerated (at most): {t['tokens_regenerated_max']} (from scratch, the interrupted "
+        f"episodes would have sampled up to {t['tokens_saved'] + t['tokens_regenerated_max']} "
+        f"again)",
         f"audit: {json.dumps(audit)}",
         f"lost: 0 (every consumed group complete in the log), trained twice: 0 "
         f"(audit_run passed)",

@@ -6,8 +6,8 @@ Turn-level resume (programs with `resumable = True`, `agent.episode_checkpoint`)
 turn's checkpoint goes to `save(rollout_id, bytes)` (a process worker sends it to the driver,
 which keeps it on disk); a job whose worker died comes back with its newest checkpoint in
 `Job.resume` and continues from there on another worker. An episode interrupted by the engine or
-a sandbox (`EpisodeInterrupted`) resumes from its last checkpoint on the same worker, up to
-`MAX_RESUMES` times (then it is an error rollout)."""
+a sandbox (`EpisodeInterrupted`) resumes from its last checkpoint on the same worker; after
+`MAX_RESUMES` interruptions in a row without a new checkpoint in between it is an error rollout."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +20,7 @@ from composer_jax.rl.program import PolicyClient, RLProgram
 from composer_jax.rl.stream import rollout_id
 
 TRAIN, EVAL = "train", "eval"
-MAX_RESUMES = 5                # in-place resumes after an interruption (engine or sandbox died)
+MAX_RESUMES = 8                # in-place resumes in a row without progress (engine/sandbox died)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,9 @@ def run_job(program: RLProgram, job: Job, policy: PolicyClient, worker: str = ""
                 save(job.rollout_id, data)
             latest["data"] = data
         kw["checkpoint"] = checkpoint
-    for attempt in range(MAX_RESUMES + 1):
+    interruptions = stuck = 0
+    while True:
+        before = latest["data"]
         try:
             if "checkpoint" in kw:
                 kw["resume"] = (EpisodeCheckpoint.from_bytes(latest["data"])
@@ -65,15 +67,19 @@ def run_job(program: RLProgram, job: Job, policy: PolicyClient, worker: str = ""
             reason = f"{type(e).__name__}: {e}"
             r = Rollout.failed(job.task_id, job.group_id, reason, rollout_id=job.rollout_id,
                                info={"traceback": traceback.format_exc(limit=8)[-4000:]})
-        if not (r.info.get("interrupted") and "checkpoint" in kw) or attempt == MAX_RESUMES:
+        if not (r.info.get("interrupted") and "checkpoint" in kw):
             break
-        time.sleep(min(0.2 * 2 ** attempt, 5.0))     # the engine or sandbox is coming back
+        stuck = 1 if latest["data"] is not before else stuck + 1   # a new checkpoint: progress
+        if stuck > MAX_RESUMES:
+            break
+        interruptions += 1
+        time.sleep(min(0.2 * 2 ** (stuck - 1), 5.0))     # the engine or sandbox is coming back
     r.timing.setdefault("start_time", t0)
     r.timing["episode_s"] = time.time() - t0
     r.info["worker"] = worker
     r.info["kind"] = job.kind
     if job.attempt:
         r.info["worker_deaths"] = job.attempt
-    if attempt:
-        r.info["interruptions"] = attempt
+    if interruptions:
+        r.info["interruptions"] = interruptions
     return r
