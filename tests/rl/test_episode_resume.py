@@ -9,7 +9,8 @@
 
 The lookup family stands in for coding here: a coding episode on this 2-core CI machine takes
 minutes (a 3072-token context through the engine per turn), a lookup episode about a second.
-The SIGKILL test is `slow` (run with -m slow); CI runs the scripted-engine tests below.
+The real-engine SIGKILL test is `slow` (run with -m slow); CI runs the same SIGKILL on process
+workers against a history-determined policy server (`_HistoryServer`) and the in-process tests.
 """
 import os
 import signal
@@ -70,7 +71,7 @@ def _kill_and_resume(pool, job, kills):
     return res
 
 
-@pytest.mark.slow            # ~100 s on 2 loaded cores (engine start, worker processes, 4 episodes)
+@pytest.mark.slow            # 60-100 s on 2 loaded cores (engine start, worker processes, 4 episodes)
 def test_sigkilled_worker_resumes_from_last_turn(tmp_path):
     """Both resume modes on one engine: `prefill` (the default: tokens, versions and router rows
     equal, log-probs of the resumed turns within fp32 rounding) and `replay` (bit-exact)."""
@@ -265,3 +266,80 @@ def test_sandbox_workspace_state_is_a_diff_that_restores(tmp_path):
         assert (ws2.num_calls, ws2.num_invalid_calls) == (5, 1)
         out = ws2.run_command("cat pkg/a.py && echo ok > new/deep/c.txt && cat new/deep/c.txt")
         assert "x = 3" in out.output and "ok" in out.output   # the sandbox sees and can write them
+
+
+# ---------------------------------------------------------------------- process workers, CI
+
+class _HistoryServer:
+    """A policy server (rpc: submit/wait/end_session) whose reply is a function of the session's
+    whole token history, like a model: turn k of a lookup episode (k = tool results seen) gets
+    `texts[k]`, with log-probs hashed from the history. A resumed session fed the recorded prefix
+    therefore answers exactly as the uninterrupted one."""
+
+    def __init__(self, tok, texts):
+        from composer_jax.env import protocol
+        self.tok, self.texts = tok, texts
+        self.im_end = tok.token_to_id(protocol.IM_END)
+        self.marker = tok.token_to_id("<|im_system|>")
+        self.hist, self.reqs = {}, []
+
+    def rpc(self, method, args, kwargs):
+        return getattr(self, method)(*args, **kwargs)
+
+    def submit(self, ids, params, session=None):
+        self.hist.setdefault(session, []).extend(ids)
+        self.reqs.append(session)
+        return len(self.reqs) - 1
+
+    def wait(self, rid, timeout=None):
+        import hashlib
+        h = self.hist[self.reqs[rid]]
+        turn = h.count(self.marker) - 1             # the system prompt, then one per tool result
+        toks = self.tok.encode(self.texts[turn]) + [self.im_end]
+        seed = hashlib.sha256(np.asarray(h, np.int64).tobytes()).digest()
+        lp = [-(b + 1) / 256 for b in seed[:len(toks)]] + [-0.5] * max(0, len(toks) - 32)
+        h.extend(toks)
+        return {"tokens": toks, "logprobs": lp, "raw_logprobs": lp, "versions": [2] * len(toks),
+                "router_indices": [], "prompt_router_indices": None, "prompt_router_start": 0,
+                "finish_reason": "stop_token"}
+
+    def end_session(self, session):
+        self.hist.pop(session, None)
+
+
+def test_sigkilled_process_worker_resumes_on_another(tmp_path):
+    """CI version of the slow test: a three-turn lookup episode on process workers; the worker is
+    SIGKILLed right after turn 1's checkpoint; the episode finishes on a fresh worker from turn 1
+    with every token and log-prob of the uninterrupted run."""
+    from composer_jax import registry
+    from composer_jax.rl.backend_local import ProcessPool
+    from composer_jax.rl.jobs import Job
+    from composer_jax.rl.program import build_program
+    from composer_jax.rl.task_program import task_program_spec
+    spec = task_program_spec(registry.get("rl_async").make_config())
+    program = build_program(spec)
+    task_id = program.train_tasks()[0]
+    task = program.family.task(task_id)
+    server = _HistoryServer(program.family.tokenizer(), _texts(task))
+    kills = []
+
+    def kill_after_first_turn(rid, data, pid):
+        if kills == ["armed"] and EpisodeCheckpoint.from_bytes(data).turn == 1:
+            os.kill(pid, signal.SIGKILL)
+            kills[:] = [pid]
+
+    pool = ProcessPool(spec, server, 2, checkpoints=tmp_path / "ckpt",
+                       on_checkpoint=kill_after_first_turn)
+    try:
+        job = Job("group-000000", 0, task_id, 5)
+        pool.submit(job)
+        _, ref = _result(pool)
+        assert ref.error is None and ref.info["num_turns"] == 3 and ref.reward["resolved"] == 1.0
+        res = _kill_and_resume(pool, job, kills)
+        assert kills[0] not in pool.worker_pids() and pool.restarts == 1   # it ran elsewhere
+    finally:
+        pool.close()
+    _same_tokens(res, ref)
+    first = ref.segments[0].turns[0]
+    assert res.info["resumed_tokens_saved"] == [first.sample_end - first.sample_start]
+    assert res.info["reads"] == ref.info["reads"] == [task.key, task.key]
