@@ -13,8 +13,11 @@ After every completed turn (the assistant turn sampled, its tool calls run) `Tok
 
 The sampler's RNG position needs no state: turns are sampled with a seed per (episode seed,
 turn index) (`SeededTurns`), so a resumed turn k draws exactly what turn k would have drawn. A
-resumed episode feeds the whole recorded prefix to a fresh engine session (the recorded ids,
-not re-tokenized text), so with the same weights its next tokens equal an uninterrupted run's.
+resumed episode rebuilds a fresh engine session from the recorded ids (never re-tokenized text):
+one prefill of the whole prefix (`rl.resume_mode=prefill`; measured on CPU: the next turns'
+tokens equal an uninterrupted run's, their log-probs differ by ~1e-6 because the cache was
+computed by one prefill instead of prefill + decode steps) or the recorded turns replayed with
+their sampled ids forced through decode (`replay`: the same computation, bit-exact).
 
 Records are a `Rollout` container (`to_bytes`: deterministic, SHA-256 checked); `CheckpointStore`
 keeps the newest record per rollout id on disk (atomic writes), `MemoryCheckpoints` in memory.
