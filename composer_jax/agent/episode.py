@@ -129,9 +129,22 @@ class LoopEnd:
     tokens: int
 
 
-def run_loop(ws, agent: TurnTaker, cfg: EnvConfig, start: float) -> LoopEnd:
-    """THE episode loop (module docstring); `start`: the episode's `time.monotonic()` start."""
-    turns = tokens = index = 0
+@dataclasses.dataclass(frozen=True)
+class LoopState:
+    """Where the loop stands between turns: assistant turns, tokens counted, tool calls parsed
+    (the next call's index). A resumed episode restarts the loop from one."""
+    turns: int = 0
+    tokens: int = 0
+    index: int = 0
+
+
+def run_loop(ws, agent: TurnTaker, cfg: EnvConfig, start: float,
+             state: LoopState = LoopState(),
+             on_turn: Callable[[LoopState], None] | None = None) -> LoopEnd:
+    """THE episode loop (module docstring); `start`: the episode's `time.monotonic()` start;
+    `state`: where to start (a resumed episode's last completed turn); `on_turn(state)`: called
+    after every completed turn that the loop continues from (the episode checkpoint)."""
+    turns, tokens, index = state.turns, state.tokens, state.index
     while turns < cfg.max_turns:
         if time.monotonic() - start > cfg.episode_time_s:
             return LoopEnd("time_limit", "", turns, tokens)
@@ -153,6 +166,8 @@ def run_loop(ws, agent: TurnTaker, cfg: EnvConfig, start: float) -> LoopEnd:
                 return LoopEnd("finish", result.output, turns, tokens)
         if tokens >= cfg.max_tokens:
             return LoopEnd("max_tokens", "", turns, tokens)
+        if on_turn is not None and turns < cfg.max_turns:
+            on_turn(LoopState(turns, tokens, index))
     return LoopEnd("max_turns", "", turns, tokens)
 
 

@@ -151,6 +151,15 @@ class NoteBook:
         self.finish_args = dict(arguments)
         return ToolResult(arguments["message"], finished=True)
 
+    def checkpoint_state(self) -> dict:
+        """The counters and reads (an episode checkpoint; the notes come from the task)."""
+        return {"num_calls": self.num_calls, "num_invalid_calls": self.num_invalid_calls,
+                "reads": list(self.reads), "finish_args": self.finish_args}
+
+    def restore_state(self, state: dict) -> None:
+        self.num_calls, self.num_invalid_calls = state["num_calls"], state["num_invalid_calls"]
+        self.reads, self.finish_args = list(state["reads"]), state["finish_args"]
+
     def execute(self, call: protocol.ToolCall) -> ToolResult:
         """A parsed call; a malformed one (`call.error`) counts as an invalid call."""
         if call.error is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from composer_jax.agent.episode_checkpoint import EngineUnavailable
 from composer_jax.inference.params import SamplingParams
 from composer_jax.inference.requests import Completion
 
@@ -33,22 +34,34 @@ class ModelFacts:
 
 
 class EngineClient:
-    """What TokenAgent needs of an engine, served by the policy server through `policy`."""
+    """What TokenAgent needs of an engine, served by the policy server through `policy`. A
+    failed call raises `EngineUnavailable` (the episode can resume from its last checkpoint);
+    ending a session is best effort (the engine may be gone)."""
 
     def __init__(self, policy: PolicyClient, max_len: int, vocab_size: int):
         self.policy = policy
         self.cfg = EngineLimits(max_len)
         self.model_cfg = ModelFacts(vocab_size)
 
+    def _call(self, method: str, *args):
+        try:
+            return self.policy.call(method, *args)
+        except Exception as e:  # noqa: BLE001  (whatever the transport raised)
+            raise EngineUnavailable(f"the policy server's {method} failed: "
+                                    f"{type(e).__name__}: {e}") from e
+
     def generate(self, prompt, params: SamplingParams) -> Completion:
         """One whole request (no session)."""
-        return Completion.from_fields(self.policy.call("generate", [int(t) for t in prompt], params))
+        return Completion.from_fields(self._call("generate", [int(t) for t in prompt], params))
 
     def submit(self, prompt, params: SamplingParams, session=None) -> int:
-        return self.policy.call("submit", [int(t) for t in prompt], params, session)
+        return self._call("submit", [int(t) for t in prompt], params, session)
 
     def wait(self, request_id: int, timeout=None) -> Completion:
-        return Completion.from_fields(self.policy.call("wait", request_id, timeout))
+        return Completion.from_fields(self._call("wait", request_id, timeout))
 
     def end_session(self, session: str) -> None:
-        self.policy.call("end_session", session)
+        try:
+            self.policy.call("end_session", session)
+        except Exception:  # noqa: BLE001  (a dead engine has no session to end)
+            pass

@@ -330,6 +330,21 @@ class SegmentBuilder:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @classmethod
+    def from_segment(cls, seg: Segment) -> "SegmentBuilder":
+        """A builder holding `seg` between turns (a resumed episode's open segment): its tokens,
+        per-token records, turns and the router rows that were set (rows of -1 were not)."""
+        b = cls()
+        b.tokens, b.trainable = seg.tokens.tolist(), seg.trainable.tolist()
+        b.logprobs, b.model_logprobs = seg.logprobs.tolist(), seg.model_logprobs.tolist()
+        b.versions, b.turns = seg.versions.tolist(), list(seg.turns)
+        if seg.router_indices is not None:
+            b._router_shape = seg.router_indices.shape[1:]
+            b._router = {i: row.copy() for i, row in enumerate(seg.router_indices)
+                         if np.any(row != NO_EXPERT)}
+        b._turn_start = len(b.tokens)
+        return b
+
     def feed(self, ids: Sequence[int]) -> int:
         """Appends fed (non-trainable) ids; returns the position of the first."""
         start = len(self.tokens)

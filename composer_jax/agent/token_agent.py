@@ -14,7 +14,13 @@ with a fed, non-trainable `<|im_end|>`. When the context would pass the summary 
 segment ends with a summary turn and a new segment restarts from system prompt + task + summary
 (`composer_jax.agent.summarize`). Tools, grading and reward go through the environment's public API
 (`open_workspace`, `grade_workspace`, `compute_reward`). A crash becomes an error rollout (reward
-0) with the segments recorded so far.
+0) with the segments recorded so far; one caused outside the policy (`EpisodeInterrupted`: the
+engine or a sandbox died) says so in `info["interrupted"]`.
+
+Checkpoints and resume (`agent.episode_checkpoint`): with `checkpoint=sink`, every completed turn
+hands the sink an `EpisodeCheckpoint`; `resume=checkpoint` continues an episode from one on a
+fresh engine session (the recorded prefix is fed as recorded ids) and a fresh workspace (the
+checkpoint's state restored); the rollout's `info["resumed_at_turns"]` lists where it resumed.
 
 The turns run in the one episode loop (`agent.episode.run_loop`), the same loop as the text-level
 episodes. A policy decides how each turn is generated: `sampling_policy` samples with the
@@ -33,7 +39,9 @@ import uuid
 from typing import Callable
 
 from composer_jax.agent import summarize
-from composer_jax.agent.episode import initial_messages, run_loop
+from composer_jax.agent.episode import LoopState, initial_messages, run_loop
+from composer_jax.agent.episode_checkpoint import (EpisodeCheckpoint, EpisodeInterrupted,
+                                                   restore_workspace, workspace_state)
 from composer_jax.agent.rollout import (END_EPISODE, END_SUMMARIZED, Rollout, Segment,
                                         SegmentBuilder)
 from composer_jax.config.env import EnvConfig
@@ -62,7 +70,8 @@ class AgentConfig:
     max_summaries: per episode (then the episode stops with "context_full" when it no longer
     fits); include_tool_specs: put the tool declarations in the prompt; record_messages: keep the
     per-segment conversation text in `Rollout.info["messages"]`; request_timeout_s: longest wait
-    for one turn from the engine."""
+    for one turn from the engine; resume_replay: a resumed episode replays its recorded turns
+    through the engine (forced ids, bit-exact cache) instead of one prefill of the prefix."""
     max_new_tokens: int = 1024
     temperature: float = 1.0
     top_k: int = 0
@@ -73,6 +82,7 @@ class AgentConfig:
     include_tool_specs: bool = True
     record_messages: bool = True
     request_timeout_s: float = 3600.0
+    resume_replay: bool = False
 
     def __post_init__(self):
         for f in ("max_new_tokens", "summary_max_tokens"):
@@ -185,16 +195,19 @@ class TokenAgent:
     # ------------------------------------------------------------------ the episode
 
     def run(self, task: Task, task_dir, *, group_id: str = "",
-            rollout_id: str | None = None) -> Rollout:
+            rollout_id: str | None = None, checkpoint=None,
+            resume: EpisodeCheckpoint | None = None) -> Rollout:
         """One episode of `task` (its pool directory `task_dir`) in a sandboxed workspace; never
         raises for an episode failure: a crash returns `Rollout.failed` with the segments
-        recorded so far."""
+        recorded so far. `checkpoint`/`resume`: module docstring."""
         task_dir = pathlib.Path(task_dir)
 
         def body(rid: str, ep: _EpisodeState, segs: list[_Seg]) -> dict:
             with open_workspace(task_dir / "snapshot", self.env_cfg,
                                 python_version=task.python_version) as ws:
-                self._episode(ws, initial_messages(task), rid, ep, segs)
+                if resume is not None:
+                    restore_workspace(ws, resume.state["workspace"])
+                self._episode(ws, initial_messages(task), rid, ep, segs, checkpoint, resume)
                 t0 = time.monotonic()
                 grade = grade_workspace(ws, task, task_dir / "snapshot")
                 ep.timing["grade_s"] += time.monotonic() - t0
@@ -209,27 +222,34 @@ class TokenAgent:
                             "p2p_failed": sorted(t for t in task.pass_to_pass
                                                  if grade.results.get(t) != "pass")})
             return reward
-        return self._guarded(task.task_id, group_id, rollout_id, body)
+        return self._guarded(task.task_id, group_id, rollout_id, body, resume)
 
     def run_on(self, ws, messages: list[dict], task_id: str,
                score: Callable[[object, "_EpisodeState"], dict], *, group_id: str = "",
-               rollout_id: str | None = None) -> Rollout:
+               rollout_id: str | None = None, checkpoint=None,
+               resume: EpisodeCheckpoint | None = None) -> Rollout:
         """One episode from `messages` (system prompt + task) on an open tool workspace `ws`
         (anything with `call(name, arguments) -> ToolResult`, `num_calls` and
         `num_invalid_calls`, e.g. a task family's in-process tools), in the same loop and with
         the same recording as `run`. `score(ws, ep) -> reward dict` grades the finished episode
         (`ep`: `stop`, `final`, `turns`, `generated`, `effort_counts(ep)`; it may add facts to
-        `ep.info`). Never raises for an episode failure (an error rollout instead)."""
+        `ep.info`). Never raises for an episode failure (an error rollout instead).
+        `checkpoint`/`resume`: module docstring (`ws` must be fresh; a resume restores it)."""
         def body(rid: str, ep: _EpisodeState, segs: list[_Seg]) -> dict:
-            self._episode(ws, [dict(m) for m in messages], rid, ep, segs)
+            if resume is not None:
+                restore_workspace(ws, resume.state["workspace"])
+            self._episode(ws, [dict(m) for m in messages], rid, ep, segs, checkpoint, resume)
             return score(ws, ep)
-        return self._guarded(task_id, group_id, rollout_id, body)
+        return self._guarded(task_id, group_id, rollout_id, body, resume)
 
-    def _guarded(self, task_id: str, group_id: str, rollout_id: str | None, body) -> Rollout:
+    def _guarded(self, task_id: str, group_id: str, rollout_id: str | None, body,
+                 resume: EpisodeCheckpoint | None = None) -> Rollout:
         """Runs `body(rid, ep, segs) -> reward` into a Rollout; a crash becomes an error rollout
         with the segments recorded so far; every engine session is ended."""
-        rid = rollout_id or uuid.uuid4().hex
-        ep = _EpisodeState(time.time(), time.monotonic())
+        rid = rollout_id or (resume.rollout_id if resume is not None else uuid.uuid4().hex)
+        ep = (_EpisodeState(time.time(), time.monotonic()) if resume is None
+              else _EpisodeState.restore(resume))
+        ep.task_id = task_id
         seg: list[_Seg] = []
         try:
             reward = body(rid, ep, seg)
@@ -238,6 +258,8 @@ class TokenAgent:
         except Exception as exc:   # noqa: BLE001 - a crashed episode becomes an error rollout
             if seg and len(seg[-1].builder):     # the open segment (its session ends below)
                 ep.segments.append(seg[-1].builder.build(END_EPISODE))
+            if isinstance(exc, EpisodeInterrupted):
+                ep.info["interrupted"] = True
             why = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
             return Rollout.failed(task_id, group_id, why, ep.segments, rollout_id=rid,
                                   timing=ep.finish_timing(), info=ep.finish_info())
@@ -246,9 +268,14 @@ class TokenAgent:
                 self.engine.end_session(s.session)
 
     def _episode(self, ws, initial: list[dict], rid: str, ep: "_EpisodeState",
-                 segs: list[_Seg]) -> None:
+                 segs: list[_Seg], checkpoint=None, resume: EpisodeCheckpoint | None = None) -> None:
         turns = _TokenTurns(self, rid, ep, segs, initial)
-        end = run_loop(ws, turns, self.env_cfg, ep.t0)
+        state = turns.restore(resume) if resume is not None else LoopState()
+
+        def on_turn(loop: LoopState) -> None:
+            checkpoint(turns.checkpoint(loop, ws))
+        end = run_loop(ws, turns, self.env_cfg, ep.t0, state,
+                       on_turn if checkpoint is not None else None)
         seg = turns.seg
         ep.segments.append(seg.builder.build(END_EPISODE))
         if self.cfg.record_messages:
@@ -421,6 +448,51 @@ class _TokenTurns:
         self.pending.append({"role": "tool", "tool_call_id": call.call_id,
                              "content": result.output, "is_error": bool(result.is_error)})
 
+    # ------------------------------------------------------------------ checkpoint / resume
+
+    def checkpoint(self, loop: LoopState, ws) -> EpisodeCheckpoint:
+        """The episode after its last completed turn (`agent.episode_checkpoint`)."""
+        seg = self.seg
+        state = {"ep": self.ep.to_state(),
+                 "seg": {"index": self.ep.summaries, "session": seg.session,
+                         "messages": seg.messages, "fresh": seg.fresh},
+                 "pending": self.pending, "counted": self.counted,
+                 "loop": dataclasses.asdict(loop), "workspace": workspace_state(ws)}
+        segments = list(self.ep.segments) + [seg.builder.build(END_EPISODE)]
+        return EpisodeCheckpoint(self.rid, self.ep.task_id, loop.turns, segments, state)
+
+    def restore(self, ck: EpisodeCheckpoint) -> LoopState:
+        """Continues from `ck` on a fresh engine session: the open segment's recorded ids are
+        fed (unsent) before the next turn's new text; the dead attempt's session is ended."""
+        st, s = ck.state, ck.state["seg"]
+        self.segs.remove(self.seg)
+        seg = _Seg(self.rid, s["index"], s["messages"])
+        seg.session = f"{self.rid}/{s['index']}.r{len(self.ep.resumed_at)}"
+        seg.builder = SegmentBuilder.from_segment(ck.segments[-1])
+        seg.fresh = bool(s["fresh"])
+        seg.unsent = [] if seg.fresh else list(seg.builder.tokens)
+        self.seg = seg
+        self.segs.append(seg)
+        self.pending, self.counted = [dict(m) for m in st["pending"]], int(st["counted"])
+        self.agent.engine.end_session(s["session"])
+        if self.agent.cfg.resume_replay and not seg.fresh:
+            self._replay(seg)
+        return LoopState(**st["loop"])
+
+    def _replay(self, seg: _Seg) -> None:
+        """Rebuilds the session's cache as the turns built it: each turn's fed ids prefilled,
+        its sampled ids forced through decode (the outputs are not recorded again)."""
+        eng, toks, start = self.agent.engine, seg.builder.tokens, 0
+        for turn in seg.builder.turns:
+            forced = toks[turn.sample_start:turn.sample_end]
+            if not forced:
+                continue
+            params = SamplingParams(forced_tokens=tuple(forced), max_new_tokens=len(forced))
+            rid = eng.submit(toks[start:turn.sample_start], params, session=seg.session)
+            eng.wait(rid, timeout=self.agent.cfg.request_timeout_s)
+            start = turn.sample_end
+        seg.unsent = list(toks[start:])
+
 
 def initial_from(messages: list[dict]) -> list[dict]:
     """The system prompt and task of a segment's conversation (its first two messages)."""
@@ -430,8 +502,16 @@ def initial_from(messages: list[dict]) -> list[dict]:
 class _EpisodeState:
     """Counters, timings and finished segments of one episode."""
 
+    _SAVED = ("start_time", "timing", "turns", "generated", "summaries", "content_tokens",
+              "tool_call_tokens", "tool_output_tokens", "last_content_tokens",
+              "final_from_content", "finish_reasons", "claimed", "info", "messages",
+              "resumed_at", "resumed_tokens")
+
     def __init__(self, start_time: float, t0: float):
         self.start_time, self.t0 = start_time, t0
+        self.task_id = ""
+        self.resumed_at: list[int] = []          # completed turns at each resume
+        self.resumed_tokens: list[int] = []      # sampled tokens recorded at each resume
         self.segments: list[Segment] = []
         self.messages: list[list[dict]] = []
         self.timing = {"generate_s": 0.0, "tools_s": 0.0, "grade_s": 0.0}
@@ -443,6 +523,24 @@ class _EpisodeState:
         self.stop, self.final = "crashed", ""
         self.claimed = False
         self.info: dict = {}
+
+    def to_state(self) -> dict:
+        """The JSON-able state of a checkpoint (finished segments travel as segments)."""
+        out = {k: getattr(self, k) for k in self._SAVED}
+        out["elapsed_s"] = time.monotonic() - self.t0
+        return out
+
+    @classmethod
+    def restore(cls, ck: EpisodeCheckpoint) -> "_EpisodeState":
+        """The state at checkpoint `ck`, resumed now (the elapsed time carries on)."""
+        st = ck.state["ep"]
+        ep = cls(st["start_time"], time.monotonic() - st["elapsed_s"])
+        for k in cls._SAVED:
+            setattr(ep, k, st[k])
+        ep.segments = list(ck.segments[:-1])
+        ep.resumed_at = list(ep.resumed_at) + [ck.turn]
+        ep.resumed_tokens = list(ep.resumed_tokens) + [ep.generated]
+        return ep
 
     def count_turn(self, body: list[int], call_ids: set[int]) -> None:
         cut = next((i for i, t in enumerate(body) if t in call_ids), len(body))
@@ -461,4 +559,7 @@ class _EpisodeState:
                 "finish_reasons": self.finish_reasons, **self.info}
         if self.messages:
             info["messages"] = self.messages
+        if self.resumed_at:
+            info["resumed_at_turns"] = list(self.resumed_at)
+            info["resumed_tokens_saved"] = list(self.resumed_tokens)
         return info

@@ -47,6 +47,14 @@ class StalePolicy(str, enum.Enum):
     KEEP = "keep"        # trained anyway, corrected by the truncated importance weights
 
 
+class ResumeMode(str, enum.Enum):
+    """How a resumed episode rebuilds its engine session (`agent.episode_checkpoint`)."""
+    PREFILL = "prefill"  # one prefill of the recorded prefix (cheap; next log-probs within fp32
+                         # rounding of an uninterrupted run's)
+    REPLAY = "replay"    # the recorded turns again, sampled ids forced through decode (as much
+                         # engine work as the turns took; bit-exact with the same weights)
+
+
 # ---------------------------------------------------------------------------------------------
 # rl.task: one section class per task family
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +266,7 @@ class RLConfig:
     error_penalty: float = 1.0          # an error rollout with trainable tokens gets reward -error_penalty
     router_replay: bool = True          # the trainer's forward reuses the experts chosen at sampling
     summary_trigger_tokens: int = 0     # self-summarization when the context passes this (0 = off)
+    resume_mode: ResumeMode = ResumeMode.PREFILL   # a resumed episode's engine session (ResumeMode)
     batch_groups: int = 4               # B: groups (of group_size samples) per trainer step
     steps: int = 40                     # trainer versions to reach
     max_new_tokens: int = 8             # per assistant turn

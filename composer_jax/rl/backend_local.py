@@ -7,21 +7,29 @@ machine, the inference service and the trainer in the driver process. No server 
   the environment side of the episode and reaches the policy through a pipe, served by one thread of
   the driver per worker. A worker that dies (SIGKILL, OOM) is detected by the broken pipe: its
   running episode goes back to the driver to run again (it had not finished, so nothing is lost)
-  and a fresh process replaces it.
+  and a fresh process replaces it. Episodes of a resumable program send a checkpoint after every
+  completed turn (`agent.episode_checkpoint`); the driver's slot thread writes it to the pool's
+  `CheckpointStore` before the worker goes on, and a dead worker's episode goes back with its
+  newest checkpoint (`Job.resume`), so it continues from its last completed turn.
 
 Both implement the pool interface the driver uses: `submit(job)`, `results(timeout)` ->
 [(job, rollout or None if the worker died)], `num_idle()`, `worker_pids()`, `restarts`, `close()`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from multiprocessing.connection import Connection
+
+from composer_jax.agent.episode_checkpoint import CheckpointStore
 
 from composer_jax.rl.program import LocalClient, ProgramSpec, build_program
 from composer_jax.rl.rollout import Rollout
@@ -109,6 +117,11 @@ class _PipeClient:
             raise RuntimeError(f"policy call {method} failed in the inference service: {value}")
         return value
 
+    def save(self, rollout_id: str, data: bytes) -> None:
+        """Sends an episode checkpoint; returns once the driver has it on disk."""
+        self.conn.send(("ckpt", rollout_id, data))
+        self.conn.recv()
+
 
 def process_main(conn, factory: str, kwargs: dict, name: str) -> None:
     """A rollout worker process: builds the program's env side and runs the jobs it is sent."""
@@ -122,15 +135,24 @@ def process_main(conn, factory: str, kwargs: dict, name: str) -> None:
         if msg[0] == "stop":
             return
         job = msg[1]
-        conn.send(("done", run_job(program, job, client, name).to_bytes()))
+        conn.send(("done", run_job(program, job, client, name, save=client.save).to_bytes()))
 
 
 class ProcessPool(_PoolBase):
-    """Rollout workers as spawned processes (JAX-free), replaced when they die."""
+    """Rollout workers as spawned processes (JAX-free), replaced when they die. `checkpoints`:
+    the folder of the in-flight episodes' checkpoints (default: a temporary one, deleted at
+    `close`); `on_checkpoint(rollout_id, data, pid)`: called after each is stored (tests);
+    `resumed`/`tokens_saved`: dead workers' episodes sent back with a checkpoint, and the sampled
+    tokens those checkpoints held."""
 
-    def __init__(self, spec: ProgramSpec, inference, num_workers: int):
+    def __init__(self, spec: ProgramSpec, inference, num_workers: int, checkpoints=None,
+                 on_checkpoint=None):
         super().__init__(num_workers)
         self.spec, self.inference = spec, inference
+        self._own_dir = None if checkpoints is not None else tempfile.mkdtemp(prefix="cj-ckpt-")
+        self.checkpoints = CheckpointStore(checkpoints or self._own_dir)
+        self.on_checkpoint = on_checkpoint
+        self.resumed = self.tokens_saved = 0
         self._procs: dict[int, subprocess.Popen] = {}
         self._spawned = 0
         self._threads = [threading.Thread(target=self._slot, args=(i,), daemon=True,
@@ -162,8 +184,8 @@ class ProcessPool(_PoolBase):
                 break
             if self._serve(conn, job):
                 continue
-            # the worker died: its episode runs again elsewhere; start a replacement
-            self._done(job, None)
+            # the worker died: its episode goes on elsewhere from its newest checkpoint
+            self._done(self._requeued(job), None)
             with self._lock:
                 self.restarts += 1
             _reap(proc)
@@ -175,6 +197,17 @@ class ProcessPool(_PoolBase):
             pass
         _reap(proc, 5)
 
+    def _requeued(self, job: Job) -> Job:
+        """The dead worker's job with its newest checkpoint (the old one when it sent none)."""
+        from composer_jax.agent.episode_checkpoint import EpisodeCheckpoint
+        data = self.checkpoints.get(job.rollout_id)
+        if data is not None and data != job.resume:
+            with self._lock:
+                self.resumed += 1
+                self.tokens_saved += EpisodeCheckpoint.from_bytes(data).generated
+        return dataclasses.replace(job, resume=data if data is not None else job.resume,
+                                   attempt=job.attempt + 1)
+
     def _serve(self, conn, job: Job) -> bool:
         """Runs one job on the slot's process; False if the process died on the way."""
         try:
@@ -182,8 +215,15 @@ class ProcessPool(_PoolBase):
             while True:
                 msg = conn.recv()
                 if msg[0] == "done":
+                    self.checkpoints.drop(job.rollout_id)
                     self._done(job, Rollout.from_bytes(msg[1]))
                     return True
+                if msg[0] == "ckpt":
+                    self.checkpoints.put(msg[1], msg[2])
+                    if self.on_checkpoint is not None:
+                        self.on_checkpoint(msg[1], msg[2], self._pid_of_slot())
+                    conn.send(("ok",))
+                    continue
                 _, method, args, kwargs = msg
                 try:
                     value = ("ret", self.inference.rpc(method, args, kwargs))
@@ -193,6 +233,12 @@ class ProcessPool(_PoolBase):
         except (EOFError, OSError):
             return False
 
+    def _pid_of_slot(self) -> int:
+        """The pid of the calling slot thread's worker."""
+        i = int(threading.current_thread().name.rsplit("-", 1)[1])
+        with self._lock:
+            return self._procs[i].pid
+
     def worker_pids(self) -> list[int]:
         with self._lock:
             return [p.pid for p in self._procs.values() if p.poll() is None]
@@ -201,6 +247,8 @@ class ProcessPool(_PoolBase):
         self._stop.set()
         for t in self._threads:
             t.join(timeout=30)
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
 
 
 def _reap(proc: subprocess.Popen, timeout: float = 1.0) -> None:

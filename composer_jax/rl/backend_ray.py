@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 
+from composer_jax.agent.episode_checkpoint import CheckpointStore, EpisodeCheckpoint
 from composer_jax.rl.program import ProgramSpec, build_program
 from composer_jax.rl.rollout import Rollout
 from composer_jax.rl.inference_service import InferenceService
@@ -156,15 +159,24 @@ class _WorkerActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def run(self, job: Job) -> bytes:
-        return run_job(self.program, job, self.client, self.name).to_bytes()
+    def run(self, job: Job, checkpoints: str = "") -> bytes:
+        """One job; turn checkpoints go to the `CheckpointStore` folder `checkpoints` (a folder
+        every worker and the driver see: one machine, or a shared file system)."""
+        save = CheckpointStore(checkpoints).put if checkpoints else None
+        return run_job(self.program, job, self.client, self.name, save=save).to_bytes()
 
 
 class RayPool:
-    """Rollout worker actors with the local pools' interface (see backend_local)."""
+    """Rollout worker actors with the local pools' interface (see backend_local). A dead actor's
+    episode goes back with its newest turn checkpoint (`Job.resume`) from `checkpoints` (default:
+    a temporary folder, so one machine; give a shared folder for a multi-host cluster)."""
 
-    def __init__(self, spec: ProgramSpec, inference: RayInference, num_workers: int):
+    def __init__(self, spec: ProgramSpec, inference: RayInference, num_workers: int,
+                 checkpoints: str = ""):
         ray = self._ray = _ray()
+        self._own_dir = "" if checkpoints else tempfile.mkdtemp(prefix="cj-ckpt-")
+        self.checkpoints = CheckpointStore(checkpoints or self._own_dir)
+        self.resumed = self.tokens_saved = 0
         self.spec, self.inference, self.num_workers = spec, inference, num_workers
         self._cls = ray.remote(num_cpus=0)(_WorkerActor)
         self._actors: list = [None] * num_workers
@@ -195,7 +207,8 @@ class RayPool:
                 return
             if i not in busy:
                 job = self._queue.pop(0)
-                self._inflight[self._actors[i].run.remote(job)] = (i, job)
+                self._inflight[self._actors[i].run.remote(
+                    job, str(self.checkpoints.root))] = (i, job)
 
     def results(self, timeout: float) -> list[tuple[Job, Rollout | None]]:
         from ray.exceptions import RayActorError
@@ -211,12 +224,22 @@ class RayPool:
             slot, job = self._inflight.pop(ref)
             try:
                 out.append((job, Rollout.from_bytes(self._ray.get(ref))))
+                self.checkpoints.drop(job.rollout_id)
             except RayActorError:
-                out.append((job, None))
+                out.append((self._requeued(job), None))
                 self.restarts += 1
                 self._new_actor(slot)
         self._dispatch()
         return out
+
+    def _requeued(self, job: Job) -> Job:
+        """The dead actor's job with its newest checkpoint (the old one when it sent none)."""
+        data = self.checkpoints.get(job.rollout_id)
+        if data is not None and data != job.resume:
+            self.resumed += 1
+            self.tokens_saved += EpisodeCheckpoint.from_bytes(data).generated
+        return dataclasses.replace(job, resume=data if data is not None else job.resume,
+                                   attempt=job.attempt + 1)
 
     def worker_pids(self) -> list[int]:
         return list(self._pids)
@@ -227,3 +250,5 @@ class RayPool:
                 self._ray.kill(a)
             except Exception:  # noqa: BLE001  (already dead)
                 pass
+        if self._own_dir:
+            shutil.rmtree(self._own_dir, ignore_errors=True)

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 
+from composer_jax.agent.episode_checkpoint import EpisodeCheckpoint
 from composer_jax.agent.rollout import Rollout, atomic_write_bytes
 from composer_jax.errors import ConfigError
 from composer_jax.rl.admission import AdmissionControl
@@ -333,8 +334,10 @@ class RLRun:
         the episode of a worker that died back to the front of the queue."""
         for job, rollout in self.pool.results(tick_s):
             if rollout is None:
+                where = (f"resumes from turn {EpisodeCheckpoint.from_bytes(job.resume).turn}"
+                         if job.resume is not None else "episode requeued")
                 _warn(self.bar, f"warning: rollout worker died running {job.rollout_id}; "
-                                f"replaced, episode requeued")
+                                f"replaced, {where}")
                 self.pending.appendleft(job)
             elif job.kind == EVAL:
                 self.evaluator.record(job, rollout)
@@ -386,6 +389,8 @@ def summarize(run: RLRun) -> dict:
         "stopped_by": run.stopped_by, "rollouts_finished": finished,
         "rollouts_trained": tot["rollouts_trained"], "tokens_trained": tot["tokens_trained"],
         "error_rollouts": run.stream.num_errors, "worker_restarts": run.pool.restarts,
+        "episodes_resumed": getattr(run.pool, "resumed", 0),
+        "resumed_tokens_saved": getattr(run.pool, "tokens_saved", 0),
         "elapsed_s": tot["elapsed_s"], "rollouts_per_sec": finished / elapsed,
         "trained_tokens_per_sec": tot["tokens_trained"] / elapsed,
         "trainer_idle_frac": tot["trainer_wait_s"] / max(tot["trainer_wait_s"]

@@ -16,6 +16,7 @@ class TaskProgram:
         self.cfg = from_dict(Config, config)
         self.family = family_of(self.cfg)
         self.eval_name = "heldout_" + self.family.name.rsplit(".", 1)[-1]   # metrics prefix
+        self.resumable = bool(getattr(self.family, "resumable", False))
 
     def train_tasks(self) -> list[str]:
         return self.family.make_tasks("train")
@@ -23,8 +24,9 @@ class TaskProgram:
     def eval_tasks(self) -> list[str]:
         return self.family.make_tasks("eval")
 
-    def run_episode(self, task_id: str, seed: int, policy, *, greedy: bool):
-        return self.family.run_episode(task_id, seed, policy, greedy=greedy)
+    def run_episode(self, task_id: str, seed: int, policy, *, greedy: bool, **resume_kw):
+        """`resume_kw` (checkpoint=, resume=) only when the family is `resumable`."""
+        return self.family.run_episode(task_id, seed, policy, greedy=greedy, **resume_kw)
 
     def make_policy(self):
         from composer_jax.rl.policy_server import EnginePolicyServer

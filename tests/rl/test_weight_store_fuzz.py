@@ -56,7 +56,9 @@ class _Proc:
                                   stderr=subprocess.STDOUT, env=_env(), cwd=str(ROOT))
 
     def lines(self) -> list[list[str]]:
-        return [ln.split(" ", 1) for ln in self.out.read_text().splitlines() if ln]
+        """The finished lines (a line still being written, or torn by the kill, is not one)."""
+        text = self.out.read_text()
+        return [ln.split(" ", 1) for ln in text[:text.rfind("\n") + 1].splitlines() if ln]
 
     def wait_ready(self, timeout=120):
         deadline = time.monotonic() + timeout

@@ -52,6 +52,7 @@ class CodingFamily(TaskFamily):
     name = "coding"
     grades_code = True          # its reward runs the agent's code: refused on the fallback sandbox
     config_cls = CodingTaskConfig
+    resumable = True            # episodes checkpoint every turn (the workspace as a diff) and resume
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -73,17 +74,18 @@ class CodingFamily(TaskFamily):
     def tokenizer(self):
         return _tokenizer(self.tokenizer_path)
 
-    def run_episode(self, task_id, seed, policy, *, greedy):
+    def run_episode(self, task_id, seed, policy, *, greedy, checkpoint=None, resume=None):
         rl, task = self.cfg.rl, self._tasks[task_id]
         engine = EngineClient(policy, self.engine_settings()["max_len"], self.cfg.model.vocab_size)
         agent_cfg = AgentConfig(summary_trigger_tokens=rl.summary_trigger_tokens,
                                 max_new_tokens=rl.max_new_tokens,
                                 temperature=0.0 if greedy else rl.temperature,
-                                record_messages=False)
+                                record_messages=False,
+                                resume_replay=rl.resume_mode.value == "replay")
         agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.cfg.env,
                            policy=SeededTurns(seed))
         # a crashed episode comes back as an error rollout (reward 0, reason kept), never raises
-        return agent.run(task, self.pool.task_dir(task_id))
+        return agent.run(task, self.pool.task_dir(task_id), checkpoint=checkpoint, resume=resume)
 
     def engine_settings(self) -> dict:
         return {**super().engine_settings(), "max_len": self.cfg.rl.seq_len - 1,

@@ -53,6 +53,7 @@ def lookup_env_config():
 class LookupFamily(TaskFamily):
     name = "lookup"
     config_cls = LookupTaskConfig
+    resumable = True            # episodes checkpoint every turn and resume (agent.episode_checkpoint)
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -78,22 +79,27 @@ class LookupFamily(TaskFamily):
         return {**super().engine_settings(), "max_len": self.cfg.rl.seq_len - 1,
                 "prefill_batch": 1}
 
-    def run_episode(self, task_id, seed, policy, *, greedy):
+    def run_episode(self, task_id, seed, policy, *, greedy, checkpoint=None, resume=None):
         engine = EngineClient(policy, self.engine_settings()["max_len"], self.cfg.model.vocab_size)
-        return self.episode(engine, self._tasks[task_id], seed, greedy=greedy)
+        return self.episode(engine, self._tasks[task_id], seed, greedy=greedy,
+                            checkpoint=checkpoint, resume=resume)
 
-    def episode(self, engine, task: lk.LookupTask, seed: int, *, greedy: bool):
+    def episode(self, engine, task: lk.LookupTask, seed: int, *, greedy: bool, checkpoint=None,
+                resume=None):
         """One episode of `task` on `engine` (`submit`/`wait`/`end_session`, `cfg.max_len`,
-        `model_cfg.vocab_size`: the policy server's EngineClient, or a scripted engine in tests)."""
+        `model_cfg.vocab_size`: the policy server's EngineClient, or a scripted engine in tests);
+        `checkpoint`/`resume`: `TokenAgent.run_on`."""
         rl = self.cfg.rl
         agent_cfg = AgentConfig(max_new_tokens=rl.max_new_tokens,
                                 temperature=0.0 if greedy else rl.temperature,
                                 summary_trigger_tokens=rl.summary_trigger_tokens,
-                                include_tool_specs=False, record_messages=False)
+                                include_tool_specs=False, record_messages=False,
+                                resume_replay=rl.resume_mode.value == "replay")
         agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.env_cfg,
                            policy=SeededTurns(seed))
         r = agent.run_on(lk.NoteBook(task), task.messages(), task.task_id,
-                         lambda book, ep: self._score(agent, task, book, ep))
+                         lambda book, ep: self._score(agent, task, book, ep),
+                         checkpoint=checkpoint, resume=resume)
         r.info.update(level=task.level, key=task.key)
         return r
 
