@@ -137,7 +137,7 @@ def test_latency_model_run_bounds_staleness_in_every_row(tmp_path, policy):
     from composer_jax.rl.driver import DriverSettings, run_rl
     from composer_jax.rl.program import ProgramSpec
     from rl_fake_program import MemoryStore
-    spec = ProgramSpec("rl_fake_program:make", {"num_tasks": 6, "arms": 3, "latency_scale": 0.01})
+    spec = ProgramSpec("rl_fake_program:make", {"num_tasks": 6, "arms": 3, "latency_scale": 0.02})
     s = run_rl(spec, tmp_path, DriverSettings(steps=30, group_size=2, batch_groups=1,
                                               max_staleness=1, stale_policy=policy, num_workers=4,
                                               progress=False), MemoryStore())
