@@ -48,9 +48,9 @@ def _lookup_config(max_staleness: int) -> Config:
     constant 5e-4 the training reward plateaus by version ~15 while the steps keep their size,
     and the held-out score of 6 runs moved between 0.71 and 0.86 from version 20 to 40, so the
     last version's score was a draw from that oscillation
-    (benchmarks/results/rl_heldout_constant_lr.txt, rl_heldout_wsd_overrides.txt). The length term is difficulty-aware (rl.task.length_weights: easy 1,
-    hard 0) with the weights of `lookup_env_config`; `--set rl.task.levels=easy,hard` adds hard
-    tasks (a pointer to a second note: 3 tool calls)."""
+    (benchmarks/results/rl_heldout_recipes.txt). The length term is difficulty-aware
+    (rl.task.length_weights: easy 1, hard 0) with the weights of `lookup_env_config`; `--set
+    rl.task.levels=easy,hard` adds hard tasks (a pointer to a second note: 3 tool calls)."""
     from composer_jax.rl.tasks.lookup import lookup_env_config, lookup_model_config
     rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=40,
                   max_new_tokens=40, seq_len=192, loss_normalizer=1024.0, eval_greedy=False,
