@@ -48,16 +48,12 @@ def _lookup_config(max_staleness: int) -> Config:
     constant 5e-4 the training reward plateaus by version ~15 while the steps keep their size,
     and the held-out score of 6 runs moved between 0.71 and 0.86 from version 20 to 40, so the
     last version's score was a draw from that oscillation
-    (benchmarks/results/rl_heldout_recipes.txt). Even with the decay every run peaked on held-out
-    at version 20 and lost part of it by version 40 (RL on the training keys eroded copying unseen
-    keys), so the reward carries the k1 KL to the SFT policy (rl.kl_coef = 0.05; a batch with it
-    held its version-20 score to version 40). The length term is difficulty-aware
+    (benchmarks/results/rl_heldout_recipes.txt). The length term is difficulty-aware
     (rl.task.length_weights: easy 1, hard 0) with the weights of `lookup_env_config`; `--set
     rl.task.levels=easy,hard` adds hard tasks (a pointer to a second note: 3 tool calls)."""
     from composer_jax.rl.tasks.lookup import lookup_env_config, lookup_model_config
     rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=40,
                   max_new_tokens=40, seq_len=192, loss_normalizer=1024.0, eval_greedy=False,
-                  kl_coef=0.05,
                   task=LookupTaskConfig(num_train_tasks=256, num_eval_tasks=256, max_turns=4,
                                         levels=("easy",), sft_steps=300, sft_hasty=0.0),
                   job=JobConfig(num_rollout_workers=32, checkpoint_every=10, eval_every=10),
