@@ -1,7 +1,7 @@
 """The README main command over several seeds: held-out score at the first and the last evaluation.
 
     python benchmarks/rl_heldout.py [--seeds 0,1,2] [--runs runs/rl_heldout] [--set k=v ...]
-                                    [--check-cli]
+                                    [--check-cli] [--offpolicy-only]
 
 For each seed: `python launch.py --experiment=rl_async --workdir=RUNS/seed<S> --set seed=<S>`
 (plus the --set overrides), then the run's metrics.jsonl gives the held-out evaluation (greedy
@@ -10,7 +10,9 @@ before RL) and the last, each with its standard error over the held-out tasks. P
 the mean of the per-seed scores, SE = sqrt(sum SE_i^2) / n, and z = (last - first) /
 sqrt(SE_first^2 + SE_last^2). With --check-cli, the first seed's run is also scored from the
 command line (`launch.py --experiment=eval --set eval.policy=RUN@0` and `eval.policy=RUN`) and both
-numbers are compared with the run's own. Results: benchmarks/results/rl_heldout.txt (+ .json).
+numbers are compared with the run's own. Each seed also reports how far its trained rollouts were
+from the learner's policy (`offpolicy`; `--offpolicy-only` prints that line for existing runs and
+runs nothing). Results: benchmarks/results/rl_heldout.txt (+ .json).
 """
 from __future__ import annotations
 
@@ -39,6 +41,28 @@ def evals_of(workdir: pathlib.Path) -> list[dict]:
     return [by[k] for k in sorted(by)]
 
 
+def offpolicy(workdir: pathlib.Path, upto: int = 15) -> dict:
+    """How far the trained rollouts were from the learner's policy in versions 1..`upto` (the
+    early phase, where the policy moves fastest) and over the whole run: the maxima of the
+    per-version `mismatch_abs` (mean |behaviour - learner log-prob| per token) and
+    `is_weight_max` (the largest behaviour importance ratio before truncation)."""
+    train = [r for r in _rows(workdir) if "loss" in r and "mismatch_abs" in r]
+    early = [r for r in train if int(r["step"]) <= upto]
+    return {"upto": upto,
+            "early_mismatch_max": max(r["mismatch_abs"] for r in early),
+            "early_is_weight_max": max(r["is_weight_max"] for r in early),
+            "mismatch_max": max(r["mismatch_abs"] for r in train),
+            "is_weight_max": max(r["is_weight_max"] for r in train)}
+
+
+def offpolicy_line(per_seed: list[tuple[int, dict]]) -> str:
+    return ("off-policy gap of the trained rollouts (per seed; versions 1-%d, then whole run): " %
+            per_seed[0][1]["upto"]) + "; ".join(
+        f"seed {s}: mismatch_abs max {o['early_mismatch_max']:.3f}, IS weight max "
+        f"{o['early_is_weight_max']:.1f} (whole run {o['mismatch_max']:.3f}, "
+        f"{o['is_weight_max']:.1f})" for s, o in per_seed)
+
+
 def _launch(args: list[str], log: pathlib.Path) -> float:
     t0 = time.time()
     with open(log, "w") as f:
@@ -56,9 +80,14 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     ap.add_argument("--check-cli", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--offpolicy-only", action="store_true",
+                    help="run nothing: print the off-policy line of the existing RUNS/seed<S>")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = pathlib.Path(args.runs)
+    if args.offpolicy_only:
+        print(offpolicy_line([(s, offpolicy(runs / f"seed{s}")) for s in seeds]))
+        return
     runs.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()
     per_seed = []
@@ -88,6 +117,7 @@ def main() -> None:
                          "last_reward": last["eval_reward_mean"],
                          "curve": [(int(r["step"]), r["eval_resolved_rate"]) for r in ev],
                          "num_tasks": int(first["eval_num_tasks"]), "behaviour": behaviour,
+                         "offpolicy": offpolicy(work),
                          "load_after": os.getloadavg()[0]})
         print(json.dumps({k: v for k, v in per_seed[-1].items() if k != "curve"}), flush=True)
     n = len(per_seed)
@@ -131,7 +161,8 @@ def main() -> None:
         f"communication term in {r['behaviour']['communication_versions']}/"
         f"{r['behaviour']['versions']} (mean {r['behaviour']['communication_mean']:.4f}), "
         f"staleness_max {r['behaviour']['staleness_max']:.0f} (S=2), "
-        f"{r['behaviour']['stale_dropped_groups']:.0f} stale groups dropped" for r in per_seed)]
+        f"{r['behaviour']['stale_dropped_groups']:.0f} stale groups dropped" for r in per_seed),
+        offpolicy_line([(r["seed"], r["offpolicy"]) for r in per_seed])]
     if cli is not None:
         lines += ["", "command line (seed %d): " % seeds[0] + "; ".join(
             f"eval.policy={c['policy']} -> version {c['version']}, resolved {c['resolved']:.3f} "

@@ -38,11 +38,19 @@ def _lookup_config(max_staleness: int) -> Config:
     seed per version and task: rl.eval_greedy=false); the initial policy is a fresh tiny MoE after
     300 SFT steps on optimal training demonstrations (rl.task.sft_hasty=0; at 200 steps it cannot
     yet copy a key, at 300 it mostly can), one SFT (rl.task.sft_seed) shared by runs of every
-    seed; 4 groups x 8 samples per step, Adam at a constant 5e-4 (2e-3 collapsed a run into
-    truncated garbage calls within 10 versions), Dr.GRPO (loss_normalizer = about the sampled
-    tokens of one step). The length term is difficulty-aware (rl.task.length_weights: easy 1,
-    hard 0) with the weights of `lookup_env_config`; `--set rl.task.levels=easy,hard` adds hard
-    tasks (a pointer to a second note: 3 tool calls)."""
+    seed; 4 groups x 8 samples per step, Dr.GRPO (loss_normalizer = about the sampled tokens of
+    one step), Adam warmed up linearly over 5 versions to 5e-4 (2e-3 collapsed a run into
+    truncated garbage calls within 10 versions), held to version 20, then decayed linearly to
+    5e-5 over the last 20 (train.schedule=wsd, decay_fraction 0.5). Why: without the warm-up,
+    Adam's first steps move every weight by ~lr, so rollouts sampled 1-2 versions earlier were
+    far off-policy (mismatch_abs up to 0.05-0.09 and IS weights up to 493 in versions 1-15; with
+    it 0.008-0.011 and <= 3.0) and some runs collapsed (held-out 0.27 at version 10); at a
+    constant 5e-4 the training reward plateaus by version ~15 while the steps keep their size,
+    and the held-out score of 6 runs moved between 0.71 and 0.86 from version 20 to 40. The
+    decay was meant to settle that; held-out still peaks near version 20 and loses part of it by
+    40 (README; benchmarks/results/rl_heldout_recipes.txt). The length term is difficulty-aware
+    (rl.task.length_weights: easy 1, hard 0) with the weights of `lookup_env_config`; `--set
+    rl.task.levels=easy,hard` adds hard tasks (a pointer to a second note: 3 tool calls)."""
     from composer_jax.rl.tasks.lookup import lookup_env_config, lookup_model_config
     rl = RLConfig(group_size=8, batch_groups=4, max_staleness=max_staleness, steps=40,
                   max_new_tokens=40, seq_len=192, loss_normalizer=1024.0, eval_greedy=False,
@@ -50,8 +58,9 @@ def _lookup_config(max_staleness: int) -> Config:
                                         levels=("easy",), sft_steps=300, sft_hasty=0.0),
                   job=JobConfig(num_rollout_workers=32, checkpoint_every=10, eval_every=10),
                   weight_sync=WeightSyncConfig(full_snapshot_every=10))
-    train = TrainConfig(steps=rl.steps, lr=5e-4, warmup_steps=0, schedule=Schedule.CONSTANT,
-                        weight_decay=0.0, grad_clip=1.0, log_every=1)
+    train = TrainConfig(steps=rl.steps, lr=5e-4, warmup_steps=5, schedule=Schedule.WSD,
+                        decay_fraction=0.5, min_lr_ratio=0.1, weight_decay=0.0, grad_clip=1.0,
+                        log_every=1)
     return dataclasses.replace(Config(), model=lookup_model_config(), rl=rl, train=train,
                                env=lookup_env_config())
 

@@ -2,7 +2,8 @@
 
 Task i has K arms and one correct arm (i % K). The policy is a table of logits [num_tasks, K];
 an episode asks the policy server for one arm (its log-prob and the version that sampled it),
-optionally sleeps to stand for environment time, and records a one-token `Rollout`. The learner is
+optionally sleeps to stand for environment time (`env_s`, or `latency_scale` x a measured sandbox
+episode time drawn by the episode seed: `rl/latency_model.py`, heavy-tailed), and records a one-token `Rollout`. The learner is
 REINFORCE with the group-mean baseline on the table (exact gradient of log-softmax), so the mean
 reward rises from 1/K. Task ids starting with "crash" raise inside the episode (an error rollout).
 """
@@ -117,8 +118,9 @@ class BanditLearner:
 
 class BanditProgram:
     def __init__(self, num_tasks=8, arms=4, lr=1.0, env_s=0.0, decode_s=0.0, step_s=0.0,
-                 crash_tasks=0, num_eval=4):
+                 crash_tasks=0, num_eval=4, latency_scale=0.0):
         self.num_tasks, self.arms, self.lr = num_tasks, arms, lr
+        self.latency_scale = latency_scale
         self.env_s, self.decode_s, self.step_s = env_s, decode_s, step_s
         self.crash_tasks, self.num_eval = crash_tasks, num_eval
 
@@ -136,6 +138,9 @@ class BanditProgram:
         arm, logprob, version = policy.call("sample", index, seed, greedy=greedy)
         if self.env_s:
             time.sleep(self.env_s)
+        if self.latency_scale:
+            from composer_jax.rl.latency_model import episode_latency
+            time.sleep(episode_latency(seed, self.latency_scale))
         b = SegmentBuilder()
         b.feed([index])
         b.sample([arm], [logprob], [logprob], [version])

@@ -123,3 +123,32 @@ def test_error_rollouts_with_tokens_are_trained_with_the_penalty():
     assert old["rewards"].tolist() == [1.0]                  # error_reward=None: left out
     assert error_metrics([ok, crashed], None) == {"error_penalised": 0.0, "error_excluded": 1.0}
     np.testing.assert_array_equal(b["sample_weight"], [1.0, 1.0])
+
+
+@pytest.mark.parametrize("policy", ["drop", "keep"])
+def test_latency_model_run_bounds_staleness_in_every_row(tmp_path, policy):
+    """A driver run whose episodes take heavy-tailed sandbox times (rl/latency_model.py: max/median
+    ~37) has stragglers older than S; with rl.stale_policy=drop every metrics row has
+    staleness_max <= S (they are dropped and counted), with keep they are trained beyond S."""
+    import json
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from composer_jax.rl.driver import DriverSettings, run_rl
+    from composer_jax.rl.program import ProgramSpec
+    from rl_fake_program import MemoryStore
+    spec = ProgramSpec("rl_fake_program:make", {"num_tasks": 6, "arms": 3, "latency_scale": 0.02})
+    s = run_rl(spec, tmp_path, DriverSettings(steps=30, group_size=2, batch_groups=1,
+                                              max_staleness=1, stale_policy=policy, num_workers=4,
+                                              progress=False), MemoryStore())
+    assert s["version"] == 30
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "staleness_max" in r]
+    assert len(train) == 30
+    worst = max(r["staleness_max"] for r in train)
+    dropped = sum(r["stale_dropped_groups"] for r in train)
+    kept = sum(r["stale_kept_rollouts"] for r in train)
+    if policy == "drop":
+        assert worst <= 1 and dropped >= 1 and kept == 0, (worst, dropped, kept)
+    else:
+        assert worst > 1 and kept >= 1 and dropped == 0, (worst, kept)
