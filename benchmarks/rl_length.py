@@ -2,13 +2,16 @@
 
     python benchmarks/rl_length.py [--workdir runs/rl_length] [--set k=v ...]
 
-Runs `launch.py --experiment=rl_async` on the lookup family with both levels
-(`rl.task.levels=easy,hard`: easy = read one note, hard = follow a pointer to a second note) and
-the difficulty-aware length term (`rl.task.length_weights=1,0`: 0.01 x C(generated tokens) on
-easy tasks, nothing on hard ones). The SFT demonstrations open with a random preamble (none, 5 or
+Runs `launch.py --experiment=rl_async` on the lookup family with the level stated in the prompt
+(`rl.task=composer_jax.rl.tasks.lookup_levels`, both levels: easy = read one note, hard = follow a
+pointer to a second note) and the difficulty-aware length term (`rl.task.length_weights=1,0`:
+0.01 x C(generated tokens) on easy tasks, nothing on hard ones; `--set rl.task.length_weights=3,0`
+weighs it more). The SFT demonstrations open with a random preamble (none, 5 or
 11 tokens), so the initial policy spends tokens it does not need. From the run's training metrics
 (T = 1 samples of every version): generated tokens per episode on each level over the first and
-the last `--window` versions (mean +- SE over those versions), and the same for the resolved rate.
+the last `--window` versions (mean +- SE over those versions; z = change / sqrt(SE1^2 + SE2^2)),
+the same for the resolved rate, and the held-out evaluations' per-level numbers (first and last
+evaluation, mean +- SE over the held-out episodes of that level).
 Results: benchmarks/results/rl_length.txt.
 """
 from __future__ import annotations
@@ -23,7 +26,8 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-DEFAULTS = ["rl.task.levels=easy,hard", "rl.task.length_weights=1,0"]
+DEFAULTS = ["rl.task=composer_jax.rl.tasks.lookup_levels", "rl.task.levels=easy,hard",
+            "rl.task.length_weights=1,0"]
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -31,6 +35,25 @@ def _stats(values: list[float]) -> tuple[float, float]:
     m = sum(values) / n
     var = sum((v - m) ** 2 for v in values) / max(n - 1, 1)
     return m, math.sqrt(var / n)
+
+
+def _eval_lines(work: pathlib.Path, rows: list[dict]) -> list[str]:
+    """Per-level generated tokens and resolved rate of the first and last held-out evaluation
+    (mean +- SE over that level's held-out episodes, from the rollout log's eval episodes when
+    present, else the row's means without SE)."""
+    evals = sorted((r for r in rows if "eval_easy_generated_tokens_mean" in r),
+                   key=lambda r: r["step"])
+    if len(evals) < 2:
+        return []
+    out = ["", f"held-out evaluation (version {evals[0]['step']} -> {evals[-1]['step']}; "
+           f"per-level means of the row)"]
+    for level in ("easy", "hard"):
+        for metric in ("generated_tokens_mean", "resolved_rate"):
+            key = f"eval_{level}_{metric}"
+            if key in evals[0] and key in evals[-1]:
+                out.append(f"{level:<6}{metric:<24}{evals[0][key]:>9.2f}{evals[-1][key]:>16.2f}"
+                           f"{evals[-1][key] - evals[0][key]:>+17.2f}")
+    return out
 
 
 def main() -> None:
@@ -59,14 +82,16 @@ def main() -> None:
              f"2 CPUs (shared), 1-min load average at start {load0:.1f}, at end "
              f"{os.getloadavg()[0]:.1f}; {len(train)} versions; mean +- SE over the first / last "
              f"{w} versions (each: the batch's T=1 episodes of that level)", "",
-             f"{'level':<6}{'metric':<24}{'first':>16}{'last':>16}{'change':>10}"]
+             f"{'level':<6}{'metric':<24}{'first':>16}{'last':>16}{'change':>10}{'z':>7}"]
     for level in ("easy", "hard"):
         for metric in ("generated_tokens_mean", "resolved_rate"):
             key = f"{level}_{metric}"
             a, sa = _stats([r[key] for r in first])
             b, sb = _stats([r[key] for r in last])
+            z = (b - a) / math.hypot(sa, sb) if math.hypot(sa, sb) > 0 else float("nan")
             lines.append(f"{level:<6}{metric:<24}{a:>9.2f}+-{sa:<5.2f}{b:>9.2f}+-{sb:<5.2f}"
-                         f"{b - a:>+10.2f}")
+                         f"{b - a:>+10.2f}{z:>7.1f}")
+    lines += _eval_lines(work, rows)
     text = "\n".join(lines)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,102 @@
+"""The lookup variants of issue 27: the level stated in the prompt (difficulty-aware length) and
+the long chains that need self-summarisation (scripted episodes through the token agent, no
+model)."""
+import dataclasses
+
+import pytest
+
+from composer_jax.agent import lookup as lk
+from composer_jax.agent import lookup_long as ll
+from composer_jax.agent.token_agent import ScriptedPolicy, TokenAgent
+
+
+def _cfg(family, *extra):
+    from composer_jax import registry
+    from composer_jax.config import SECTION_PRESETS
+    from composer_jax.overrides import apply_overrides
+    return apply_overrides(registry.get("rl_async").make_config(),
+                           [f"rl.task={family}", *extra], SECTION_PRESETS)
+
+
+def test_stated_level_prompts_differ_only_in_the_level_and_keep_the_split():
+    from composer_jax.rl.tasks.lookup_levels import LookupLevelsFamily
+    fam = LookupLevelsFamily(_cfg("composer_jax.rl.tasks.lookup_levels"))
+    train, held = fam.make_tasks("train"), fam.make_tasks("eval")
+    assert not {fam.task(t).key for t in train} & {fam.task(t).key for t in held}
+    for tid in train[:2]:
+        t = fam.task(tid)
+        assert t.messages()[1]["content"] == f"Level {t.level}. Note {t.key}."
+        assert t.messages()[0] == lk.make_tasks(1)[0].messages()[0]      # same system prompt
+    assert {fam.task(t).level for t in train} == {"easy", "hard"}
+
+
+def test_stated_level_episodes_pay_length_on_easy_only():
+    """The same scripted episode (a preamble, a read, a finish) on an easy and on a hard task of
+    the stated-level family: easy pays the concave length term, hard does not."""
+    from tests.rl.test_lookup_episode import ScriptedEngine, _call
+    from composer_jax.rl.tasks.lookup_levels import LookupLevelsFamily
+    fam = LookupLevelsFamily(_cfg("composer_jax.rl.tasks.lookup_levels",
+                                  "rl.task.length_weights=3,0"))
+    tok = fam.tokenizer()
+    out = {}
+    for level in ("easy", "hard"):
+        t = next(fam.task(i) for i in fam.make_tasks("train") if fam.task(i).level == level)
+        texts = [_call("read_file", {"target_file": k}, n, "Let me read it." if n == 0 else "")
+                 for n, k in enumerate(t.chain)]
+        texts.append(_call("finish", {"message": t.code, "success": True}, len(t.chain)))
+        eng = ScriptedEngine(tok, texts)
+        out[level] = fam.episode(eng, t, 1, greedy=False)
+        assert tok.decode(eng.fed[0]).count(f"Level {level}. Note {t.key}.") == 1
+    easy, hard = out["easy"].reward, out["hard"].reward
+    assert easy["resolved"] == hard["resolved"] == 1.0
+    assert easy["length"] > 0.5 and hard["length"] == 0.0
+    assert hard["effort"] > easy["effort"]          # more tokens on hard, and no penalty
+
+
+@pytest.fixture(scope="module")
+def long_family():
+    from composer_jax.rl.tasks.lookup_long import LookupLongFamily
+    cfg = _cfg("composer_jax.rl.tasks.lookup_long", "model.vocab_size=640", "rl.seq_len=256",
+               "rl.summary_trigger_tokens=176")
+    return LookupLongFamily(cfg)
+
+
+def test_long_hard_chains_need_summaries_and_the_oracle_finishes_with_them(long_family):
+    fam = long_family
+    max_len = fam.engine_settings()["max_len"]
+    tasks = [fam.task(t) for t in fam.make_tasks("eval")[:6]]
+    for t in tasks:
+        r = fam.scripted_episode(t)
+        assert r.reward["resolved"] == 1.0 and r.info["stop_reason"] == "finish"
+        assert all(len(s) <= max_len for s in r.segments)
+        if t.level == "hard":
+            assert len(t.chain) == 4 and r.info["num_summaries"] == 2
+            assert r.info["summaries"] == [f"Next note {t.chain[2]}.", f"Code {t.code}."]
+            assert r.info["summaries_correct"] == [True, True]
+            # each summary is sampled (trainable) tokens of its segment: trained with the reward
+            seg = r.segments[0]
+            sampled = fam.tokenizer().decode(seg.tokens[seg.trainable].tolist())
+            assert f"Next note {t.chain[2]}." in sampled
+        else:
+            assert r.info["num_summaries"] == 0 and len(r.segments) == 1
+    # the same policy truncated at the window: hard chains end with a full context
+    off = type(fam)(dataclasses.replace(fam.cfg, rl=dataclasses.replace(
+        fam.cfg.rl, summary_trigger_tokens=0)))
+    stops = {t.level: off.scripted_episode(t).info["stop_reason"] for t in tasks}
+    assert stops == {"easy": "finish", "hard": "context_full"}
+
+
+def test_a_wrong_summary_loses_the_episode(long_family):
+    """The summary is the only way to carry progress across the reset: a summary naming the
+    prompt's note again sends the agent back to the start, and the episode is not resolved."""
+    fam = long_family
+    from composer_jax.rl.tasks.lookup_long import _ForcedEngine, ll_book
+    t = next(fam.task(i) for i in fam.make_tasks("eval") if fam.task(i).level == "hard")
+    oracle = ll.Oracle(t)
+    agent = TokenAgent(_ForcedEngine(fam.engine_settings()["max_len"], 640), fam.tokenizer(),
+                       fam.agent_config(True), fam.env_cfg,
+                       policy=ScriptedPolicy(oracle, fam.tokenizer(),
+                                             lambda m: f"Next note {t.key}."))
+    r = agent.run_on(ll_book(t), t.messages(), t.task_id,
+                     lambda book, ep: fam._score(agent, t, book, ep))
+    assert r.reward["resolved"] == 0.0 and r.info["summaries_correct"][0] is False
