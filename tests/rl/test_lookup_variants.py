@@ -100,3 +100,24 @@ def test_a_wrong_summary_loses_the_episode(long_family):
     r = agent.run_on(ll_book(t), t.messages(), t.task_id,
                      lambda book, ep: fam._score(agent, t, book, ep))
     assert r.reward["resolved"] == 0.0 and r.info["summaries_correct"][0] is False
+
+
+def test_decision_thoughts_sit_where_each_level_decides():
+    """thought_turn=decision: the optional thought precedes an easy task's only read and a hard
+    task's second read (after the pointer); `first` puts it before call 0 on both levels; the
+    texts are the plain family's preambles on both levels."""
+    import random
+
+    from composer_jax.rl.tasks.lookup_levels import demonstration, stated
+
+    class Longest(random.Random):
+        def choice(self, seq):
+            return max(seq, key=len)
+    for t in lk.make_tasks(4, 0, "train", lk.LEVELS):
+        for mode, at in (("decision", len(t.chain) - 1), ("first", 0)):
+            turns = [m for m in demonstration(stated(t), Longest(), thought_turn=mode)
+                     if m["role"] == "assistant"]
+            assert [m["content"] for m in turns] == [
+                lk.PREAMBLES[-1] if i == at else "" for i in range(len(t.chain) + 1)]
+    with pytest.raises(ValueError, match="thought_turn"):
+        demonstration(stated(lk.make_tasks(1)[0]), Longest(), thought_turn="last")

@@ -13,12 +13,17 @@ easy level's length signal shortened hard episodes as well (benchmarks/results/r
 earlier runs). The length term stays difficulty-aware through `rl.task.length_weights` (easy, hard).
 
 The initial policy is the plain family's SFT (`rl/tasks/lookup_sft.py`) on demonstrations of these
-prompts (a separate cache entry); the demonstrations' random preamble does not depend on the level,
-so the initial policy writes as much on both levels.
+prompts (a separate cache entry). Each demonstration writes one optional thought (none or one of
+`lookup.PREAMBLES`, the same texts and odds on both levels) before one of its tool calls:
+`rl.task.thought_turn=first` before the first call on both levels (the plain family's
+demonstrations), `decision` where each level's answer is decided: before an easy task's only read,
+and before a hard task's second read (after the pointer is revealed). Either way the initial
+policy writes as many optional tokens on both levels.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from composer_jax.agent import lookup as lk
 from composer_jax.config.rl import LookupTaskConfig
@@ -33,6 +38,29 @@ class StatedLevelTask(lk.LookupTask):
     def messages(self) -> list[dict]:
         return [{"role": "system", "content": lk.SYSTEM},
                 {"role": "user", "content": f"Level {self.level}. Note {self.key}."}]
+
+
+THOUGHT_TURNS = ("first", "decision")
+
+
+def demonstration(task: lk.LookupTask, rng, hasty: float = 0.0, thought_turn: str = "first"):
+    """An optimal episode (`lookup.demonstration` without hasty guesses) whose optional thought
+    comes before call 0 (`first`, or an easy task with `decision`) or call 1 (a hard task with
+    `decision`)."""
+    if thought_turn not in THOUGHT_TURNS:
+        raise ValueError(f"thought_turn must be one of {THOUGHT_TURNS}, got {thought_turn!r}")
+    at = 1 if (thought_turn == "decision" and len(task.chain) > 1) else 0
+    msgs, notes = task.messages(), dict(task.notes)
+    for n, k in enumerate(task.chain):
+        content = rng.choice(lk.PREAMBLES) if n == at else ""
+        raw = lk.protocol.render_assistant(content, [("read_file", {"target_file": k})], n)
+        msgs.append({"role": "assistant", "content": content, "raw": raw})
+        msgs.append({"role": "tool", "tool_call_id": lk.protocol.call_id("read_file", n),
+                     "content": notes[k]})
+    raw = lk.protocol.render_assistant("", [("finish", {"message": task.code, "success": True})],
+                                       len(task.chain))
+    msgs.append({"role": "assistant", "content": "", "raw": raw})
+    return msgs
 
 
 def stated(task: lk.LookupTask) -> StatedLevelTask:
@@ -50,6 +78,14 @@ class LookupLevelsTaskConfig(LookupTaskConfig):
     levels: tuple[str, ...] = ("easy", "hard")
     sft_steps: int = 500
     sft_hasty: float = 0.0
+    thought_turn: str = "first"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.thought_turn not in THOUGHT_TURNS:
+            from composer_jax.errors import ConfigError
+            raise ConfigError(f"rl.task.thought_turn must be one of {THOUGHT_TURNS}, got "
+                              f"{self.thought_turn!r}")
 
 
 @register
@@ -67,4 +103,10 @@ class LookupLevelsFamily(LookupFamily):
         t = self.task_cfg
         tasks = [stated(x) for x in lk.make_tasks(t.num_train_tasks, t.sft_seed, "train",
                                                   tuple(t.levels))]
-        return initial_model(self.cfg, tasks, salt="stated-level")
+        if t.thought_turn == "first":
+            return initial_model(self.cfg, tasks, salt="stated-level")
+        from composer_jax.rl.tasks.lookup_sft import sft_policy
+        return initial_model(self.cfg, tasks, salt=f"stated-level-{t.thought_turn}",
+                             train=lambda cfg, tasks, steps: sft_policy(
+                                 cfg, tasks, steps, demo=functools.partial(
+                                     demonstration, thought_turn=t.thought_turn)))

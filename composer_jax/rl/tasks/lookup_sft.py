@@ -20,10 +20,12 @@ from composer_jax.agent import lookup as lk
 
 
 def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed: int,
-                hasty: float = 0.0):
+                hasty: float = 0.0, demo=None):
     """`steps` LM batches ([batch, seq_len], loss on assistant tokens) of demonstrations of
-    `tasks` (`agent.lookup.demonstration`: optimal episodes with random preambles, or with
-    probability `hasty` a guess without reading), sampled with a seeded generator."""
+    `tasks` (`demo(task, rng, hasty)`, default `agent.lookup.demonstration`: optimal episodes
+    with random preambles, or with probability `hasty` a guess without reading), sampled with a
+    seeded generator."""
+    demo = demo or lk.demonstration
     from composer_jax.data.chat import encode_messages
     from composer_jax.data.targets import add_targets
     rng = random.Random(seed)
@@ -31,7 +33,7 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
         rows = {k: np.zeros((batch, seq_len), np.int32)
                 for k in ("tokens", "segment_ids", "positions", "trainable")}
         for i in range(batch):
-            ids, tr = encode_messages(tokenizer, lk.demonstration(rng.choice(tasks), rng, hasty))
+            ids, tr = encode_messages(tokenizer, demo(rng.choice(tasks), rng, hasty))
             if len(ids) > seq_len:
                 raise ValueError(f"a demonstration of {len(ids)} tokens exceeds seq_len={seq_len}")
             t = len(ids)
@@ -40,15 +42,15 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
         yield add_targets(rows, 0)
 
 
-def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
+def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16, demo=None):
     """A fresh `cfg.model` (seed rl.task.sft_seed) after `steps` Adam steps of the "lm" loss on
-    demonstrations of `train_tasks` (sampled with rl.task.sft_seed) -> (params, buffers) as numpy
-    pure dicts."""
+    demonstrations of `train_tasks` (sampled with rl.task.sft_seed; `demo`: `sft_batches`) ->
+    (params, buffers) as numpy pure dicts."""
     t = cfg.rl.task
     tok = lk.lookup_tokenizer(cfg.model.vocab_size)
     batches = sft_batches(tok, train_tasks, steps=steps, batch=batch,
-                          seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len), seed=t.sft_seed,
-                          hasty=t.sft_hasty) if steps else iter(())
+                          seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len, demo),
+                          seed=t.sft_seed, hasty=t.sft_hasty, demo=demo) if steps else iter(())
     return lm_policy(cfg, batches, steps, lr)
 
 
@@ -75,7 +77,7 @@ def lm_policy(cfg, batches, steps: int, lr: float = 3e-3) -> tuple[dict, dict]:
     return jax.device_get(state.params), jax.device_get(state.buffers)
 
 
-def sft_length(tokenizer, tasks, limit: int) -> int:
+def sft_length(tokenizer, tasks, limit: int, demo=None) -> int:
     """The SFT row length: the longest demonstration of `tasks` (longest preamble), rounded up to
     a multiple of 16, at most `limit` (shorter rows: a cheaper SFT step)."""
     from composer_jax.data.chat import encode_messages
@@ -86,7 +88,8 @@ def sft_length(tokenizer, tasks, limit: int) -> int:
 
         def random(self):
             return 1.0
-    longest = max(len(encode_messages(tokenizer, lk.demonstration(t, _Longest()))[0])
+    demo = demo or lk.demonstration
+    longest = max(len(encode_messages(tokenizer, demo(t, _Longest()))[0])
                   for t in tasks)
     return min(limit, -(-longest // 16) * 16)
 
