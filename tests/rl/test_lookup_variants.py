@@ -121,3 +121,23 @@ def test_decision_thoughts_sit_where_each_level_decides():
                 lk.PREAMBLES[-1] if i == at else "" for i in range(len(t.chain) + 1)]
     with pytest.raises(ValueError, match="thought_turn"):
         demonstration(stated(lk.make_tasks(1)[0]), Longest(), thought_turn="last")
+
+
+def test_a_context_that_no_longer_fits_a_summary_ends_the_episode_within_the_window(long_family):
+    """A policy that rambles fills the window faster than the trigger expects: when not even the
+    summary request fits, the episode stops "context_full" and no segment passes rl.seq_len."""
+    fam = long_family
+    from composer_jax.rl.tasks.lookup_long import _ForcedEngine, ll_book
+    t = next(fam.task(i) for i in fam.make_tasks("eval") if fam.task(i).level == "hard")
+    oracle = ll.Oracle(t)
+
+    def rambling(messages):
+        return " ".join(["moss lamp reed"] * 30) + oracle(messages)
+    agent = TokenAgent(_ForcedEngine(fam.engine_settings()["max_len"], 640), fam.tokenizer(),
+                       dataclasses.replace(fam.agent_config(True), max_new_tokens=120),
+                       fam.env_cfg, policy=ScriptedPolicy(rambling, fam.tokenizer(),
+                                                          oracle.summary))
+    r = agent.run_on(ll_book(t), t.messages(), t.task_id,
+                     lambda book, ep: fam._score(agent, t, book, ep))
+    assert r.error is None and r.info["stop_reason"] == "context_full"
+    assert max(len(s) for s in r.segments) <= fam.cfg.rl.seq_len

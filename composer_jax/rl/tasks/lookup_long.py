@@ -58,16 +58,21 @@ class LookupLongTaskConfig(LookupTaskConfig):
 
 
 class _ForcedEngine:
-    """An engine that returns each request's forced tokens as sampled (no model): scripted
-    episodes through the token agent for the SFT data."""
+    """An engine that returns each request's forced tokens as sampled (no model), cut where the
+    session's context reaches `max_len` as the real engine cuts: scripted episodes through the
+    token agent for the SFT data."""
 
     def __init__(self, max_len: int, vocab_size: int):
         self.cfg = types.SimpleNamespace(max_len=max_len)
         self.model_cfg = types.SimpleNamespace(vocab_size=vocab_size)
         self._out: list = []
+        self._used: dict = {}
 
     def submit(self, ids, params, session=None) -> int:
-        self._out.append(list(params.forced_tokens))
+        used = self._used.get(session, 0) + len(ids)
+        out = list(params.forced_tokens)[:max(self.cfg.max_len - used, 0)]
+        self._used[session] = used + len(out)
+        self._out.append(out)
         return len(self._out) - 1
 
     def wait(self, rid, timeout=None):
