@@ -38,7 +38,7 @@ def _mean_se(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / max(n - 1, 1) / n)
 
 
-def _evaluate(workdir: pathlib.Path, version: int, trigger: int | None):
+def heldout_rollouts(workdir: pathlib.Path, version: int, trigger: int | None):
     """Held-out rollouts of checkpoint `version` with the run's config, the summary trigger
     replaced by `trigger` (None: the run's)."""
     from composer_jax.rl.family_eval import FamilyEvaluator, run_config
@@ -118,8 +118,8 @@ def main() -> None:
                      f"{sum(r['reward_mean'] for r in train[:5]) / len(train[:5]):.3f} -> last 5 "
                      f"{sum(r['reward_mean'] for r in train[-5:]) / len(train[-5:]):.3f}")
     for v in (first, last):
-        summ = _evaluate(work, v, None)
-        trunc = _evaluate(work, v, 0)
+        summ = heldout_rollouts(work, v, None)
+        trunc = heldout_rollouts(work, v, 0)
         by_id = {r.task_id: r for r in trunc}
         diff = [_resolved(r) - _resolved(by_id[r.task_id]) for r in summ]
         d, dse = _mean_se(diff)

@@ -2,11 +2,11 @@
 policy must summarise its progress to finish (self-summarisation in a real run).
 
 Like the lookup family (`agent.lookup`: read the note the prompt names, follow its pointers,
-finish with the code), but every note carries `filler` words of noise before its last line, and a
+finish with the code), but every note carries `filler` words of noise after its first line, and a
 chain has `hops` notes (easy: `hops[0]`, hard: `hops[1]`):
 
     user: "Note CG."
-    CG = "moss lamp ... reed\\nsee HD"   HD = "... \\nsee EF"   ...   XY = "... \\ncode 7"
+    CG = "see HD\\nmoss lamp ... reed"   HD = "see EF\\n..."   ...   XY = "code 7\\n..."
 
 A hard chain is longer than the engine's context (`rl.seq_len`), so with self-summarisation off
 the episode stops with "context_full"; with it on (`rl.summary_trigger_tokens`) the agent asks
@@ -33,15 +33,15 @@ from composer_jax.env import protocol
 
 FILLER = ("moss", "lamp", "reed", "wool", "tide", "sand", "fern", "pine", "mist", "rust",
           "salt", "dune", "hill", "pond", "rope", "silk")
-_POINTER = re.compile(r"see ([A-J]{2})\s*$")
-_CODE = re.compile(r"code (\d)\s*$")
+_POINTER = re.compile(r"^see ([A-J]{2})\n")
+_CODE = re.compile(r"^code (\d)\n")
 _NEXT = re.compile(r"Next note ([A-J]{2})\.")
 _FOUND = re.compile(r"Code (\d)\.")
 
 
 @dataclasses.dataclass(frozen=True)
 class LongTask(lk.LookupTask):
-    """A lookup task whose notes end with their pointer or code after filler words."""
+    """A lookup task whose notes start with their pointer or code, then filler words."""
 
     @property
     def chain(self) -> list[str]:
@@ -72,10 +72,10 @@ def make_tasks(n: int, seed: int = 0, split: str = "train", levels=("easy", "har
 
         def noise():
             return " ".join(rng.choice(FILLER) for _ in range(filler))
-        notes = {chain[j]: f"{noise()}\nsee {chain[j + 1]}" for j in range(h - 1)}
-        notes[chain[h - 1]] = f"{noise()}\ncode {codes[0]}"
-        notes[chain[h]] = f"{noise()}\ncode {codes[1]}"          # distractors
-        notes[chain[h + 1]] = f"{noise()}\ncode {codes[2]}"
+        notes = {chain[j]: f"see {chain[j + 1]}\n{noise()}" for j in range(h - 1)}
+        notes[chain[h - 1]] = f"code {codes[0]}\n{noise()}"
+        notes[chain[h]] = f"code {codes[1]}\n{noise()}"          # distractors
+        notes[chain[h + 1]] = f"code {codes[2]}\n{noise()}"
         out.append(LongTask(f"lookup_long-{split}-{level}-{i:05d}-{key}", key, level, codes[0],
                             tuple(sorted(notes.items()))))
     return out
@@ -142,7 +142,7 @@ def tokenizer_texts(seed: int = 0) -> list[str]:
              + st.SUMMARY_END},
             summarize.summary_message(summary_text(("read", ""))),
             {"role": "tool", "tool_call_id": "functions.read_file:1",
-             "content": " ".join(rng.choice(FILLER) for _ in range(16)) + "\nsee "}],
+             "content": "see \n" + " ".join(rng.choice(FILLER) for _ in range(16))}],
             add_generation_prompt=False)
         texts.append(re.sub(f"[{lk.LETTERS}]{{2}}", "", text))
     return texts

@@ -135,7 +135,7 @@ class LookupLongFamily(LookupFamily):
         from composer_jax.rl.tasks.lookup_sft import initial_model
         t = self.task_cfg
         tasks = self._make(t.num_train_tasks, t.sft_seed, "train")
-        return initial_model(self.cfg, tasks, salt=f"long-v1-{t.hops}-{t.filler}-"
+        return initial_model(self.cfg, tasks, salt=f"long-v2-{t.hops}-{t.filler}-"
                              f"{self.cfg.rl.summary_trigger_tokens}-{t.summary_max_tokens}",
                              train=self._sft)
 
