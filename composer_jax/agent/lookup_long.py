@@ -34,9 +34,9 @@ from composer_jax.env import protocol
 FILLER = ("moss", "lamp", "reed", "wool", "tide", "sand", "fern", "pine", "mist", "rust",
           "salt", "dune", "hill", "pond", "rope", "silk")
 _POINTER = re.compile(r"^see ([A-J]{2})\n")
-_CODE = re.compile(r"^code (\d)\n")
+_CODE = re.compile(r"^code (\d|[A-J]{2})\n")
 _NEXT = re.compile(r"Next note ([A-J]{2})\.")
-_FOUND = re.compile(r"Code (\d)\.")
+_FOUND = re.compile(r"Code (\d|[A-J]{2})\.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +55,10 @@ class LongTask(lk.LookupTask):
 
 
 def make_tasks(n: int, seed: int = 0, split: str = "train", levels=("easy", "hard"),
-               hops=(1, 4), filler: int = 12) -> list[LongTask]:
+               hops=(1, 4), filler: int = 12, letter_codes: bool = False) -> list[LongTask]:
     """n tasks of `split` (prompt keys from `lookup.keys_of(split)`), levels cycling, a chain of
-    hops[level] notes with `filler` noise words each, and two distractor notes; deterministic."""
+    hops[level] notes with `filler` noise words each, and two distractor notes; codes are digits,
+    or with `letter_codes` two letters like a key (never a note of the task); deterministic."""
     if len(hops) != 2 or min(hops) < 1:
         raise ValueError(f"hops must be two chain lengths >= 1 (easy, hard), got {hops!r}")
     keys = lk.keys_of(split)
@@ -68,7 +69,8 @@ def make_tasks(n: int, seed: int = 0, split: str = "train", levels=("easy", "har
         h = hops[lk.LEVELS.index(level)]
         key = keys[rng.randrange(len(keys))]
         chain = [key] + rng.sample([k for k in lk.all_keys() if k != key], h - 1 + 2)
-        codes = rng.sample("0123456789", 3)
+        codes = (rng.sample([k for k in lk.all_keys() if k not in chain], 3) if letter_codes
+                 else rng.sample("0123456789", 3))
 
         def noise():
             return " ".join(rng.choice(FILLER) for _ in range(filler))

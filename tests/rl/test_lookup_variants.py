@@ -141,3 +141,12 @@ def test_a_context_that_no_longer_fits_a_summary_ends_the_episode_within_the_win
                      lambda book, ep: fam._score(agent, t, book, ep))
     assert r.error is None and r.info["stop_reason"] == "context_full"
     assert max(len(s) for s in r.segments) <= fam.cfg.rl.seq_len
+
+
+def test_letter_codes_are_key_like_and_the_oracle_reports_them(long_family):
+    tasks = ll.make_tasks(6, 0, "eval", letter_codes=True)
+    for t in tasks:
+        assert len(t.code) == 2 and set(t.code) <= set(lk.LETTERS) and t.code not in t.chain
+        assert ll.progress(t, [{"role": "tool", "content": dict(t.notes)[t.chain[-1]]}]) \
+            == ("finish", t.code)
+        assert ll.summary_text(("finish", t.code)) == f"Code {t.code}."

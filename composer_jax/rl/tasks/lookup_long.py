@@ -34,7 +34,8 @@ from composer_jax.rl.tasks.lookup import LookupFamily
 @dataclasses.dataclass(frozen=True)
 class LookupLongTaskConfig(LookupTaskConfig):
     """The lookup section plus hops (chain length of easy, hard tasks), filler (noise words per
-    note) and summary_max_tokens (length of a summary turn); the length term off by default."""
+    note), summary_max_tokens (length of a summary turn) and letter_codes (codes are two letters
+    like a key instead of a digit); the length term off by default."""
     family: str = __name__
     num_train_tasks: int = 256
     num_eval_tasks: int = 128
@@ -46,6 +47,7 @@ class LookupLongTaskConfig(LookupTaskConfig):
     hops: tuple[int, ...] = (1, 4)
     filler: int = 12
     summary_max_tokens: int = 12
+    letter_codes: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -101,7 +103,8 @@ class LookupLongFamily(LookupFamily):
 
     def _make(self, n: int, seed: int, split: str) -> list:
         t = self.task_cfg
-        return ll.make_tasks(n, seed, split, tuple(t.levels), tuple(t.hops), t.filler)
+        return ll.make_tasks(n, seed, split, tuple(t.levels), tuple(t.hops), t.filler,
+                             t.letter_codes)
 
     def tokenizer(self):
         return ll.long_tokenizer(self.cfg.model.vocab_size)
@@ -135,9 +138,9 @@ class LookupLongFamily(LookupFamily):
         from composer_jax.rl.tasks.lookup_sft import initial_model
         t = self.task_cfg
         tasks = self._make(t.num_train_tasks, t.sft_seed, "train")
-        return initial_model(self.cfg, tasks, salt=f"long-v2-{t.hops}-{t.filler}-"
-                             f"{self.cfg.rl.summary_trigger_tokens}-{t.summary_max_tokens}",
-                             train=self._sft)
+        salt = (f"long-v2-{t.hops}-{t.filler}-" + ("letters-" if t.letter_codes else "")
+                + f"{self.cfg.rl.summary_trigger_tokens}-{t.summary_max_tokens}")
+        return initial_model(self.cfg, tasks, salt=salt, train=self._sft)
 
     def _sft(self, cfg, tasks, steps: int, lr: float = 3e-3, batch: int = 16):
         """`lookup_sft.lm_policy` on rows of the segments of scripted optimal episodes of `tasks`
