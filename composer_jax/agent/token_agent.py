@@ -313,7 +313,8 @@ class TokenAgent:
 
     def _summarize(self, seg: _Seg, pending: list[dict], rid: str, ep: "_EpisodeState",
                    segs: list[_Seg]):
-        """Ends `seg` with a summary turn; returns (the new segment, tool messages to feed)."""
+        """Ends `seg` with a summary turn; returns (the new segment, tool messages to feed), or
+        None when the request and a summary no longer fit the context (nothing is fed)."""
         cfg = self.cfg
         request = [summarize.request_message()]
         feed = seg.unsent + self.tokenizer.encode(
@@ -324,6 +325,9 @@ class TokenAgent:
             deferred, pending = pending, []         # results go to the next segment instead
             feed = seg.unsent + self.tokenizer.encode(
                 protocol.render_continuation(request) + st.SUMMARY_BEGIN)
+            if len(seg.builder) + len(feed) - len(seg.unsent) + cfg.summary_max_tokens \
+                    >= self.engine.cfg.max_len:
+                return None                         # not even the request fits: context full
         seg.messages += pending + request
         base = SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                               max_new_tokens=cfg.summary_max_tokens)
@@ -405,8 +409,10 @@ class _TokenTurns:
         if (summarize.should_summarize(len(self.seg.builder), len(self.feed), cfg.max_new_tokens,
                                        cfg.summary_trigger_tokens)
                 and self.ep.summaries < cfg.max_summaries and not self.seg.fresh):
-            self.seg, self.pending = a._summarize(self.seg, self.pending, self.rid, self.ep,
-                                                  self.segs)
+            out = a._summarize(self.seg, self.pending, self.rid, self.ep, self.segs)
+            if out is None:
+                return "context_full"
+            self.seg, self.pending = out
             self.feed = a._feed_ids(self.seg, self.pending)
         seg = self.seg
         if len(seg.builder) + len(self.feed) - len(seg.unsent) >= a.engine.cfg.max_len:

@@ -54,6 +54,12 @@ class FamilyEvaluator:
         self._server.load_from(self._store, version)
 
     def __call__(self, model, version: int) -> dict:
+        return summarize(self.rollouts(model, version),
+                         getattr(self.program, "eval_name", "heldout"), version)
+
+    def rollouts(self, model, version: int) -> list:
+        """The held-out episodes of `model` as version `version` (the rollouts `__call__`
+        summarises)."""
         with self._lock:
             self._load(model, version)
             client = LocalClient(self._server)
@@ -65,7 +71,7 @@ class FamilyEvaluator:
                     lambda it: self.program.run_episode(it[1], seed + it[0], client,
                                                         greedy=self.cfg.rl.eval_greedy),
                     enumerate(tasks)))
-        return summarize(rollouts, getattr(self.program, "eval_name", "heldout"), version)
+        return rollouts
 
     def close(self) -> None:
         if self._server is not None:

@@ -37,7 +37,12 @@ class ModelLearner:
         fns = self._build()
         rl = self.cfg.rl
         rollouts = [r for g in groups for r in g]
-        batch = make_batch(rollouts, seq_len=rl.seq_len, batch_size=rl.batch_groups * rl.group_size,
+        # one row per segment: a self-summarised episode has several, so the rows are padded to
+        # the next multiple of B x G (a few fixed shapes, each compiled once)
+        rows = rl.batch_groups * rl.group_size
+        segments = sum(len(r.segments) for r in rollouts)
+        batch = make_batch(rollouts, seq_len=rl.seq_len,
+                           batch_size=rows * max(1, -(-segments // rows)),
                            router_replay=rl.router_replay, error_reward=-self.error_penalty)
         state, metrics = fns.rl_step(state, batch)
         return state, {k: float(v) for k, v in jax.device_get(metrics).items()}

@@ -89,19 +89,22 @@ class LookupFamily(TaskFamily):
         """One episode of `task` on `engine` (`submit`/`wait`/`end_session`, `cfg.max_len`,
         `model_cfg.vocab_size`: the policy server's EngineClient, or a scripted engine in tests);
         `checkpoint`/`resume`: `TokenAgent.run_on`."""
-        rl = self.cfg.rl
-        agent_cfg = AgentConfig(max_new_tokens=rl.max_new_tokens,
-                                temperature=0.0 if greedy else rl.temperature,
-                                summary_trigger_tokens=rl.summary_trigger_tokens,
-                                include_tool_specs=False, record_messages=False,
-                                resume_replay=rl.resume_mode.value == "replay")
-        agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.env_cfg,
+        agent = TokenAgent(engine, self.tokenizer(), self.agent_config(greedy), self.env_cfg,
                            policy=SeededTurns(seed))
         r = agent.run_on(lk.NoteBook(task), task.messages(), task.task_id,
                          lambda book, ep: self._score(agent, task, book, ep),
                          checkpoint=checkpoint, resume=resume)
         r.info.update(level=task.level, key=task.key)
         return r
+
+    def agent_config(self, greedy: bool) -> AgentConfig:
+        """The token agent's settings of this family's episodes."""
+        rl = self.cfg.rl
+        return AgentConfig(max_new_tokens=rl.max_new_tokens,
+                           temperature=0.0 if greedy else rl.temperature,
+                           summary_trigger_tokens=rl.summary_trigger_tokens,
+                           include_tool_specs=False, record_messages=False,
+                           resume_replay=rl.resume_mode.value == "replay")
 
     def _score(self, agent: TokenAgent, task: lk.LookupTask, book: lk.NoteBook, ep) -> dict:
         """The reward of a finished episode (module docstring); facts into `ep.info`."""

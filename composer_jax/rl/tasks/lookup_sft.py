@@ -20,10 +20,12 @@ from composer_jax.agent import lookup as lk
 
 
 def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed: int,
-                hasty: float = 0.0):
+                hasty: float = 0.0, demo=None):
     """`steps` LM batches ([batch, seq_len], loss on assistant tokens) of demonstrations of
-    `tasks` (`agent.lookup.demonstration`: optimal episodes with random preambles, or with
-    probability `hasty` a guess without reading), sampled with a seeded generator."""
+    `tasks` (`demo(task, rng, hasty)`, default `agent.lookup.demonstration`: optimal episodes
+    with random preambles, or with probability `hasty` a guess without reading), sampled with a
+    seeded generator."""
+    demo = demo or lk.demonstration
     from composer_jax.data.chat import encode_messages
     from composer_jax.data.targets import add_targets
     rng = random.Random(seed)
@@ -31,7 +33,7 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
         rows = {k: np.zeros((batch, seq_len), np.int32)
                 for k in ("tokens", "segment_ids", "positions", "trainable")}
         for i in range(batch):
-            ids, tr = encode_messages(tokenizer, lk.demonstration(rng.choice(tasks), rng, hasty))
+            ids, tr = encode_messages(tokenizer, demo(rng.choice(tasks), rng, hasty))
             if len(ids) > seq_len:
                 raise ValueError(f"a demonstration of {len(ids)} tokens exceeds seq_len={seq_len}")
             t = len(ids)
@@ -40,18 +42,29 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
         yield add_targets(rows, 0)
 
 
-def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
+def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16, demo=None):
     """A fresh `cfg.model` (seed rl.task.sft_seed) after `steps` Adam steps of the "lm" loss on
-    demonstrations of `train_tasks` (sampled with rl.task.sft_seed) -> (params, buffers) as numpy
-    pure dicts."""
+    demonstrations of `train_tasks` (sampled with rl.task.sft_seed; `demo`: `sft_batches`) ->
+    (params, buffers) as numpy pure dicts."""
+    t = cfg.rl.task
+    tok = lk.lookup_tokenizer(cfg.model.vocab_size)
+    batches = sft_batches(tok, train_tasks, steps=steps, batch=batch,
+                          seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len, demo),
+                          seed=t.sft_seed, hasty=t.sft_hasty, demo=demo) if steps else iter(())
+    return lm_policy(cfg, batches, steps, lr)
+
+
+def lm_policy(cfg, batches, steps: int, lr: float = 3e-3) -> tuple[dict, dict]:
+    """A fresh `cfg.model` (seed rl.task.sft_seed) after one Adam step of the "lm" loss on each
+    of `steps` batches of `batches` (rows with tokens, segment_ids, positions, trainable and
+    targets) -> (params, buffers) as numpy pure dicts."""
     import jax
     from flax import nnx
 
     from composer_jax.config import Schedule
     from composer_jax.model import init_model
     from composer_jax.train.step import build
-    t = cfg.rl.task
-    model = init_model(cfg.model, t.sft_seed, cfg.execution, cfg.train.init_std)
+    model = init_model(cfg.model, cfg.rl.task.sft_seed, cfg.execution, cfg.train.init_std)
     if steps == 0:
         _, p, b = nnx.split(model, nnx.Param, ...)
         return jax.device_get(nnx.to_pure_dict(p)), jax.device_get(nnx.to_pure_dict(b))
@@ -59,15 +72,12 @@ def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16):
         cfg.train, lr=lr, warmup_steps=0, schedule=Schedule.CONSTANT, weight_decay=0.0,
         grad_clip=1.0, steps=steps, loss="lm"))
     fns, state = build(model, tcfg, loss="lm")
-    tok = lk.lookup_tokenizer(cfg.model.vocab_size)
-    for b in sft_batches(tok, train_tasks, steps=steps, batch=batch,
-                         seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len), seed=t.sft_seed,
-                         hasty=t.sft_hasty):
+    for b in batches:
         state, _ = fns.train_step(state, b)
     return jax.device_get(state.params), jax.device_get(state.buffers)
 
 
-def sft_length(tokenizer, tasks, limit: int) -> int:
+def sft_length(tokenizer, tasks, limit: int, demo=None) -> int:
     """The SFT row length: the longest demonstration of `tasks` (longest preamble), rounded up to
     a multiple of 16, at most `limit` (shorter rows: a cheaper SFT step)."""
     from composer_jax.data.chat import encode_messages
@@ -78,7 +88,8 @@ def sft_length(tokenizer, tasks, limit: int) -> int:
 
         def random(self):
             return 1.0
-    longest = max(len(encode_messages(tokenizer, lk.demonstration(t, _Longest()))[0])
+    demo = demo or lk.demonstration
+    longest = max(len(encode_messages(tokenizer, demo(t, _Longest()))[0])
                   for t in tasks)
     return min(limit, -(-longest // 16) * 16)
 
@@ -87,20 +98,22 @@ _SFT_LOCK = threading.Lock()
 _SFT_MEM: dict[str, tuple] = {}
 
 
-def _key(cfg) -> str:
+def _key(cfg, salt: str = "") -> str:
     from composer_jax.config import to_dict
     rl, t = cfg.rl, cfg.rl.task
-    return hashlib.sha256(json.dumps([to_dict(cfg.model), to_dict(cfg.execution), t.sft_seed,
-                                      t.sft_steps, rl.seq_len, list(t.levels),
-                                      t.num_train_tasks, cfg.train.init_std, lk.SYSTEM,
-                                      lk.PREAMBLES, t.sft_hasty, "v2"],
-                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
+    parts = [to_dict(cfg.model), to_dict(cfg.execution), t.sft_seed, t.sft_steps, rl.seq_len,
+             list(t.levels), t.num_train_tasks, cfg.train.init_std, lk.SYSTEM, lk.PREAMBLES,
+             t.sft_hasty, "v2"] + ([salt] if salt else [])
+    return hashlib.sha256(json.dumps(parts, sort_keys=True,
+                                     default=str).encode()).hexdigest()[:16]
 
 
-def initial_weights(cfg, train_tasks) -> tuple[dict, dict]:
-    """The SFT policy's (params, buffers) (module docstring)."""
+def initial_weights(cfg, train_tasks, salt: str = "", train=None) -> tuple[dict, dict]:
+    """The SFT policy's (params, buffers) (module docstring); a variant family whose
+    demonstrations differ passes a cache `salt` (e.g. `rl/tasks/lookup_levels.py`) and may pass
+    its own `train(cfg, train_tasks, steps) -> (params, buffers)` (default `sft_policy`)."""
     from composer_jax.config.data import resolved_cache_dir
-    key = _key(cfg)
+    key = _key(cfg, salt)
     with _SFT_LOCK:
         if key in _SFT_MEM:
             return _SFT_MEM[key]
@@ -110,7 +123,7 @@ def initial_weights(cfg, train_tasks) -> tuple[dict, dict]:
             out = (_unflatten(flat, "p/"), _unflatten(flat, "b/"))
         else:
             t0 = time.monotonic()
-            out = sft_policy(cfg, train_tasks, cfg.rl.task.sft_steps)
+            out = (train or sft_policy)(cfg, train_tasks, cfg.rl.task.sft_steps)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{uuid.uuid4().hex[:6]}.npz")
             np.savez(tmp, **_flatten(out[0], "p/"), **_flatten(out[1], "b/"))
@@ -121,15 +134,17 @@ def initial_weights(cfg, train_tasks) -> tuple[dict, dict]:
         return out
 
 
-def initial_model(cfg):
+def initial_model(cfg, sft_tasks=None, salt: str = "", train=None):
     """A `cfg.model` holding the SFT policy's weights (trained on the training tasks of
-    `rl.task.sft_seed`, whatever the run's seed)."""
+    `rl.task.sft_seed`, whatever the run's seed; a variant family passes its own `sft_tasks`, a
+    cache `salt` and possibly its own `train`: `initial_weights`)."""
     from flax import nnx
 
     from composer_jax.model import init_model
     t = cfg.rl.task
-    sft_tasks = lk.make_tasks(t.num_train_tasks, t.sft_seed, "train", tuple(t.levels))
-    params, buffers = initial_weights(cfg, sft_tasks)
+    if sft_tasks is None:
+        sft_tasks = lk.make_tasks(t.num_train_tasks, t.sft_seed, "train", tuple(t.levels))
+    params, buffers = initial_weights(cfg, sft_tasks, salt, train)
     model = init_model(cfg.model, cfg.seed, cfg.execution, cfg.train.init_std)
     graphdef, p, b = nnx.split(model, nnx.Param, ...)
     nnx.replace_by_pure_dict(p, params)
