@@ -51,9 +51,11 @@ class EngineConfig:
         if self.draft_depth > mtp_depth:
             what = ("has no MTP head (model.mtp_depth=0)" if mtp_depth == 0
                     else f"has model.mtp_depth={mtp_depth} MTP modules")
+            who = ("inference.speculative=true" if self.speculative and not self.spec_depth
+                   else f"inference.spec_depth={self.spec_depth}")
+            fewer = f"lower inference.spec_depth to at most {mtp_depth}, " if mtp_depth else ""
             raise ConfigError(
-                f"inference.speculative=true with {self.draft_depth} draft(s) per step "
-                f"(inference.spec_depth={self.spec_depth}) drafts with the model's MTP modules, "
-                f"but the model {what}: set inference.speculative=false and "
-                f"inference.spec_depth=0 for plain decoding, lower inference.spec_depth to at "
-                f"most {mtp_depth}, or use a model trained with MTP modules")
+                f"{who} drafts {self.draft_depth} token(s) per step with the model's MTP "
+                f"modules, but the model {what}: set inference.speculative=false and "
+                f"inference.spec_depth=0 for plain decoding, {fewer}or use a model trained with "
+                f"MTP modules (model.mtp_depth >= {self.draft_depth})")
