@@ -4,7 +4,10 @@ Both runs use the `rl_async --set rl.task=coding` settings (sandboxed episodes w
 token-level agent against the engine policy server, rl_step, the weight store) with the same
 overrides and seed; only `inference.speculative` differs. The policy (`--init_from`, the run's
 model) must have an MTP module that has learned something: by default the `cpt_debug` run that
-`benchmarks/spec_decode_bench.py` measures (its MTP head trained with the model on code). Runs go
+`benchmarks/results/spec_decode_bench.txt` measures (its MTP head trained with the model on code;
+made by `python launch.py --experiment=cpt_debug --workdir=/tmp/engine_runs/cpt_debug_long --set
+train.steps=800`, stopped at step 337). The coding run's own SFT policy (`sft` experiment, built
+on first use) also has a trained MTP head, when it is cached: pass its workdir. Runs go
 in the order plain, spec, spec, plain, ... (`--repeats` pairs), so load drift on a shared machine
 biases neither side.
 
@@ -104,6 +107,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
+    if not (pathlib.Path(args.init_from) / "config.json").exists():
+        raise SystemExit(f"--init_from={args.init_from} is not a run workdir (no config.json): "
+                         f"give a run whose model has a trained MTP head (module docstring)")
     from absl import logging
     logging.set_verbosity(logging.WARNING)
     base = [f"rl.task.init_from={args.init_from}", f"rl.steps={args.steps}"] + args.overrides
