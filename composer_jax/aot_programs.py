@@ -139,13 +139,13 @@ def engine_program(kind: str, cfg, mesh) -> Program:
 
     depth = 0
     if kind == "spec":
-        depth = cfg.inference.spec_depth or 1
+        depth = cfg.inference.draft_depth or 1
         if cfg.model.mtp_depth < depth:
             from composer_jax.errors import ConfigError
             raise ConfigError(f"the spec program drafts {depth} token(s) with the MTP modules; "
                               f"model.mtp_depth={cfg.model.mtp_depth}")
     elif kind == "prefill":
-        depth = cfg.inference.spec_depth
+        depth = cfg.inference.draft_depth
     graphdef, weights, cache, spec, slot, pc, shards = _engine_parts(cfg, mesh, depth)
     b, s = cfg.inference.max_batch, cfg.inference.max_len
     rep = NamedSharding(mesh, P())

@@ -2,7 +2,7 @@
 
 Step-driven (one thread):
 
-    engine = Engine.from_model(model, EngineConfig(max_batch=8, max_len=2048, spec_depth=1))
+    engine = Engine.from_model(model, EngineConfig(max_batch=8, max_len=2048, speculative=True))
     rid = engine.submit(prompt_ids, SamplingParams(temperature=1.0, max_new_tokens=256))
     for event in engine.stream():          # StreamEvent(request_id, start, tokens, finished, ...)
         ...
@@ -88,12 +88,10 @@ class Engine:
                  detokenize: Callable[[list[int]], str] | None = None):
         model = nnx.merge(graphdef, state)
         self.model_cfg, self.execution = model.cfg, model.execution
-        if cfg.spec_depth > self.model_cfg.mtp_depth:
-            raise ConfigError(f"inference.spec_depth={cfg.spec_depth} needs that many MTP modules; "
-                              f"the model has mtp_depth={self.model_cfg.mtp_depth}")
+        cfg.check_model(self.model_cfg.mtp_depth)     # speculation drafts with the MTP modules
         self.cfg, self.graphdef, self.state, self.version = cfg, graphdef, state, version
         self.detokenize = detokenize
-        b, depth = cfg.max_batch, cfg.spec_depth
+        b, depth = cfg.max_batch, cfg.draft_depth
         self.cache = init_cache(self.model_cfg, b, cfg.max_len, with_mtp=depth > 0,
                                 dtype=self.execution.compute_dtype)
         self.spec = init_spec_state(b, depth) if depth else None
@@ -158,8 +156,9 @@ class Engine:
         if params.forced_tokens and (min(params.forced_tokens) < 0
                                      or max(params.forced_tokens) >= v):
             raise ValueError(f"forced token ids must be in [0, {v})")
-        if params.forced_tokens and self.cfg.spec_depth:
-            raise ConfigError("forced_tokens need plain decoding (inference.spec_depth=0)")
+        if params.forced_tokens and self.cfg.draft_depth:
+            raise ConfigError("forced_tokens need plain decoding (inference.speculative=false, "
+                              "inference.spec_depth=0)")
         if params.stop_strings and self.detokenize is None:
             raise ConfigError("stop_strings need an engine built with detokenize=")
         with self._lock:
@@ -524,10 +523,10 @@ class Engine:
         for slot in np.nonzero(active)[0]:
             c = self._slot_req[slot]
             n = int(host.n_new[slot])
-            if self.cfg.spec_depth:
+            if self.cfg.draft_depth:
                 self.stats["verify_rows"] += 1
                 self.stats["verify_tokens"] += n
-                self.attempted_at_depth[:min(n, self.cfg.spec_depth)] += 1
+                self.attempted_at_depth[:min(n, self.cfg.draft_depth)] += 1
                 self.accepted_at_depth[:n - 1] += 1
             events.setdefault(c.request_id, (c, len(c.tokens)))
             self._advance(slot, [{"token": int(host.tokens[slot, j]),

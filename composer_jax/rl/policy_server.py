@@ -18,12 +18,16 @@ METHODS = ("generate", "submit", "wait", "end_session")
 
 class EnginePolicyServer:
     """An `Engine` started as a background service for `model` with `engine_settings` (fields
-    of EngineConfig: max_batch, max_len, prefill_batch), router capture per rl.router_replay."""
+    of EngineConfig: max_batch, max_len, prefill_batch), router capture per rl.router_replay, and
+    MTP speculative sampling per inference.speculative / inference.spec_depth (same tokens,
+    behaviour log-probs, router rows and versions as plain sampling under the same seed)."""
 
     def __init__(self, cfg, model, engine_settings: dict):
         from composer_jax.inference.config import EngineConfig
         from composer_jax.inference.engine import Engine
-        ecfg = EngineConfig(capture_router=cfg.rl.router_replay, seed=cfg.seed, **engine_settings)
+        spec = {"speculative": cfg.inference.speculative, "spec_depth": cfg.inference.spec_depth}
+        ecfg = EngineConfig(capture_router=cfg.rl.router_replay, seed=cfg.seed,
+                            **{**spec, **engine_settings})
         self.engine = Engine.from_model(model, ecfg, version=-1).start()
         self.version = -1
         self._lock = threading.Lock()
@@ -83,7 +87,12 @@ class EnginePolicyServer:
 
     def stats(self) -> dict:
         wall = time.monotonic() - self.t0
-        return {"engine_busy_s": self.busy_s, "engine_idle_frac": 1 - self.busy_s / max(wall, 1e-9)}
+        out = {"engine_busy_s": self.busy_s, "engine_idle_frac": 1 - self.busy_s / max(wall, 1e-9)}
+        if self.engine.cfg.draft_depth:     # speculation: acceptance and tokens per verify step
+            m = self.engine.speculation_metrics()
+            out["spec_acceptance"] = m["acceptance_per_depth"][0]
+            out["spec_mean_accepted_length"] = m["mean_accepted_length"]
+        return out
 
     def close(self) -> None:
         self.engine.stop(timeout=30)
