@@ -41,6 +41,8 @@ def _episodes(cfg: Config):
         server.close()
 
 
+@pytest.mark.slow   # ~100 s on 2 cores (three engine compiles); CI's short version of the exactness
+# check is tests/inference/test_speculative.py (the engine's tokens and log-probs, spec vs plain)
 def test_speculative_rollouts_equal_plain_rollouts_under_the_same_seed():
     plain, plain_eng, _ = _episodes(_parity_cfg(False))
     spec, spec_eng, stats = _episodes(_parity_cfg(True))
