@@ -11,7 +11,9 @@ weighs it more). The SFT demonstrations open with a random preamble (none, 5 or
 (T = 1 samples of every version): generated tokens per episode on each level over the first and
 the last `--window` versions (mean +- SE over those versions; z = change / sqrt(SE1^2 + SE2^2)),
 the same for the resolved rate, and the held-out evaluations' per-level numbers (first and last
-evaluation, mean +- SE over the held-out episodes of that level).
+evaluation, mean +- SE over the held-out episodes of that level, with the read_file calls per
+episode). `--set rl.task.verify=0.5 --set rl.seq_len=256` makes the extra length useful on hard
+tasks only (a re-read of the last note; `rl/tasks/lookup_levels.py`).
 Results: benchmarks/results/rl_length.txt.
 """
 from __future__ import annotations
@@ -49,7 +51,8 @@ def _eval_lines(work: pathlib.Path) -> list[str]:
     out = ["", f"held-out split, checkpoint {steps[0]} vs {steps[-1]} (mean +- SE over episodes)"]
     for level in ("easy", "hard"):
         for metric, of in (("generated_tokens_mean", lambda r: r.info["generated_tokens"]),
-                           ("resolved_rate", lambda r: float(r.reward.get("resolved", 0.0)))):
+                           ("resolved_rate", lambda r: float(r.reward.get("resolved", 0.0))),
+                           ("read_calls_mean", lambda r: len(r.info.get("reads", [])))):
             x, sx = _stats([of(r) for r in a if r.info.get("level") == level])
             y, sy = _stats([of(r) for r in b if r.info.get("level") == level])
             z = (y - x) / math.hypot(sx, sy) if math.hypot(sx, sy) > 0 else float("nan")

@@ -150,3 +150,39 @@ def test_letter_codes_are_key_like_and_the_oracle_reports_them(long_family):
         assert ll.progress(t, [{"role": "tool", "content": dict(t.notes)[t.chain[-1]]}]) \
             == ("finish", t.code)
         assert ll.summary_text(("finish", t.code)) == f"Code {t.code}."
+
+
+def test_verify_pays_on_hard_and_costs_on_easy():
+    """rl.task.verify: a hard task's last note shows its draft on the first read, so only the
+    re-read episode is correct; on easy the re-read is correct either way and costs length; the
+    demonstrations re-read as often on both levels."""
+    import random
+
+    from tests.rl.test_lookup_episode import ScriptedEngine, _call
+    from composer_jax.rl.tasks.lookup_levels import LookupLevelsFamily, verify_demonstration
+    fam = LookupLevelsFamily(_cfg("composer_jax.rl.tasks.lookup_levels", "rl.task.verify=0.5",
+                                  "rl.task.length_weights=3,0"))
+    tok, out = fam.tokenizer(), {}
+    for level in ("easy", "hard"):
+        t = next(fam.task(i) for i in fam.make_tasks("train") if fam.task(i).level == level)
+        assert (t.draft != "" and t.draft != t.code) if level == "hard" else t.draft == ""
+        for reread in (False, True):
+            reads = list(t.chain) + [t.chain[-1]] * reread
+            texts = [_call("read_file", {"target_file": k}, n) for n, k in enumerate(reads)]
+            seen = t.draft if (level == "hard" and not reread) else t.code
+            texts.append(_call("finish", {"message": seen, "success": True}, len(reads)))
+            eng = ScriptedEngine(tok, texts)
+            out[level, reread] = fam.episode(eng, t, 1, greedy=False).reward
+            assert f"code {seen}" in tok.decode(eng.fed[-1])      # what the last read showed
+    assert out["hard", False]["resolved"] == 0.0 and out["hard", True]["resolved"] == 1.0
+    assert out["hard", True]["length"] == 0.0
+    assert out["easy", False]["resolved"] == out["easy", True]["resolved"] == 1.0
+    assert out["easy", True]["total"] < out["easy", False]["total"] - 0.1
+    rng, tasks = random.Random(0), [fam.task(i) for i in fam.make_tasks("train")[:200]]
+    rate = {lv: [] for lv in ("easy", "hard")}
+    for t in tasks:
+        demo = verify_demonstration(t, rng, verify=0.5)
+        rate[t.level].append(sum(m["role"] == "tool" for m in demo) > len(t.chain))
+        assert (demo[-1]["raw"].count(f'"message": "{t.code}"') == 1) == (
+            t.level == "easy" or rate[t.level][-1])
+    assert all(0.35 < sum(v) / len(v) < 0.65 for v in rate.values())

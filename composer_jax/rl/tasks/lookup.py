@@ -91,11 +91,15 @@ class LookupFamily(TaskFamily):
         `checkpoint`/`resume`: `TokenAgent.run_on`."""
         agent = TokenAgent(engine, self.tokenizer(), self.agent_config(greedy), self.env_cfg,
                            policy=SeededTurns(seed))
-        r = agent.run_on(lk.NoteBook(task), task.messages(), task.task_id,
+        r = agent.run_on(self.notebook(task), task.messages(), task.task_id,
                          lambda book, ep: self._score(agent, task, book, ep),
                          checkpoint=checkpoint, resume=resume)
         r.info.update(level=task.level, key=task.key)
         return r
+
+    def notebook(self, task: lk.LookupTask) -> lk.NoteBook:
+        """The tools of one episode of `task` (a variant may serve its notes differently)."""
+        return lk.NoteBook(task)
 
     def agent_config(self, greedy: bool) -> AgentConfig:
         """The token agent's settings of this family's episodes."""

@@ -19,11 +19,22 @@ prompts (a separate cache entry). Each demonstration writes one optional thought
 demonstrations), `decision` where each level's answer is decided: before an easy task's only read,
 and before a hard task's second read (after the pointer is revealed). Either way the initial
 policy writes as many optional tokens on both levels.
+
+`rl.task.verify=P` (> 0; default 0 = off): a length that pays on hard tasks only. A hard task's
+last note shows a stale draft code on its FIRST read (`DraftBook`: a draft of `VerifyTask.draft`)
+and the real code on any later read; an easy note reads the same every time. Each demonstration
+(`verify_demonstration`, no thought) re-reads its last note before finishing with probability P on
+both levels, and finishes with the last code it saw: so the initial policy verifies as often on
+both levels, and a hard episode that skips the re-read reports the draft (wrong). On easy tasks
+the re-read is pure cost (one more call, turn and ~15 tokens under the length term); on hard
+tasks it is what makes the episode correct. `rl.task.max_turns=4` fits a verified hard episode;
+its demonstration is ~200 tokens, so set `rl.seq_len=256`.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import zlib
 
 from composer_jax.agent import lookup as lk
 from composer_jax.config.rl import LookupTaskConfig
@@ -69,6 +80,60 @@ def stated(task: lk.LookupTask) -> StatedLevelTask:
 
 
 @dataclasses.dataclass(frozen=True)
+class VerifyTask(StatedLevelTask):
+    """A stated-level task whose last note reads `code <draft>` the first time (draft: a digit
+    other than the code on hard tasks, "" = no draft on easy ones)."""
+    draft: str = ""
+
+
+def with_draft(task: lk.LookupTask) -> VerifyTask:
+    """The stated-level task with a draft on hard tasks: a digit != code and != every other note's
+    code, drawn deterministically from the task id."""
+    if task.level != "hard":
+        return VerifyTask(**{f.name: getattr(task, f.name) for f in dataclasses.fields(task)})
+    used = {t[5:] for _, t in task.notes if t.startswith("code ")}
+    free = sorted(set("0123456789") - used)
+    draft = free[zlib.crc32(task.task_id.encode()) % len(free)]
+    return VerifyTask(**{f.name: getattr(task, f.name) for f in dataclasses.fields(task)},
+                      draft=draft)
+
+
+class DraftBook(lk.NoteBook):
+    """`NoteBook` whose first read of a VerifyTask's last note returns `code <draft>` (when the
+    task has a draft); later reads return the note."""
+
+    def __init__(self, task: VerifyTask):
+        super().__init__(task)
+        self.draft, self.last = task.draft, task.chain[-1]
+
+    def call(self, name: str, arguments) -> lk.ToolResult:
+        r = super().call(name, arguments)
+        if (self.draft and name == "read_file" and not r.is_error and self.reads
+                and self.reads[-1] == self.last and self.reads.count(self.last) == 1):
+            return lk.ToolResult(f"code {self.draft}")
+        return r
+
+
+def verify_demonstration(task: VerifyTask, rng, hasty: float = 0.0, verify: float = 0.5):
+    """An episode that reads the chain, re-reads the last note with probability `verify` (both
+    levels), then finishes with the last code it saw (the draft on a hard task it did not
+    verify: wrong)."""
+    book, msgs, index = DraftBook(task), task.messages(), 0
+    reads = list(task.chain) + ([task.chain[-1]] if rng.random() >= 1 - verify else [])
+    for k in reads:
+        raw = lk.protocol.render_assistant("", [("read_file", {"target_file": k})], index)
+        msgs.append({"role": "assistant", "content": "", "raw": raw})
+        seen = book.call("read_file", {"target_file": k}).output
+        msgs.append({"role": "tool", "tool_call_id": lk.protocol.call_id("read_file", index),
+                     "content": seen})
+        index += 1
+    raw = lk.protocol.render_assistant("", [("finish", {"message": seen[5:], "success": True})],
+                                       index)
+    msgs.append({"role": "assistant", "content": "", "raw": raw})
+    return msgs
+
+
+@dataclasses.dataclass(frozen=True)
 class LookupLevelsTaskConfig(LookupTaskConfig):
     """The lookup section (`LookupTaskConfig`) with the rl_async lookup run's sizes and both
     levels by default."""
@@ -79,9 +144,14 @@ class LookupLevelsTaskConfig(LookupTaskConfig):
     sft_steps: int = 500
     sft_hasty: float = 0.0
     thought_turn: str = "first"
+    verify: float = 0.0
 
     def __post_init__(self):
         super().__post_init__()
+        if not 0.0 <= self.verify < 1.0:
+            from composer_jax.errors import ConfigError
+            raise ConfigError(f"rl.task.verify must be in [0, 1) (the demonstrations' re-read "
+                              f"probability; 0 = off), got {self.verify}")
         if self.thought_turn not in THOUGHT_TURNS:
             from composer_jax.errors import ConfigError
             raise ConfigError(f"rl.task.thought_turn must be one of {THOUGHT_TURNS}, got "
@@ -95,17 +165,27 @@ class LookupLevelsFamily(LookupFamily):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self._split = {s: [stated(t) for t in ts] for s, ts in self._split.items()}
+        wrap = with_draft if self.task_cfg.verify > 0 else stated
+        self._split = {s: [wrap(t) for t in ts] for s, ts in self._split.items()}
         self._tasks = {x.task_id: x for split in self._split.values() for x in split}
 
+    def notebook(self, task):
+        return DraftBook(task) if isinstance(task, VerifyTask) else lk.NoteBook(task)
+
     def initial_model(self):
-        from composer_jax.rl.tasks.lookup_sft import initial_model
+        from composer_jax.rl.tasks.lookup_sft import initial_model, sft_policy
         t = self.task_cfg
+        if t.verify > 0:
+            tasks = [with_draft(x) for x in lk.make_tasks(t.num_train_tasks, t.sft_seed, "train",
+                                                          tuple(t.levels))]
+            return initial_model(self.cfg, tasks, salt=f"stated-level-verify-{t.verify}",
+                                 train=lambda cfg, tasks, steps: sft_policy(
+                                     cfg, tasks, steps, demo=functools.partial(
+                                         verify_demonstration, verify=t.verify)))
         tasks = [stated(x) for x in lk.make_tasks(t.num_train_tasks, t.sft_seed, "train",
                                                   tuple(t.levels))]
         if t.thought_turn == "first":
             return initial_model(self.cfg, tasks, salt="stated-level")
-        from composer_jax.rl.tasks.lookup_sft import sft_policy
         return initial_model(self.cfg, tasks, salt=f"stated-level-{t.thought_turn}",
                              train=lambda cfg, tasks, steps: sft_policy(
                                  cfg, tasks, steps, demo=functools.partial(
