@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,8 @@ from flax import nnx  # noqa: E402
 from composer_jax.config import Config, small  # noqa: E402
 from composer_jax.inference import Engine, EngineConfig, SamplingParams  # noqa: E402
 from composer_jax.model.hf import load_hf, save_hf  # noqa: E402
+
+from machine_load import uptime  # noqa: E402  (benchmarks/machine_load.py)
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "engine_vs_transformers.txt"
 PARITY_TOL = 1e-3          # max |logit difference| allowed between the two implementations
@@ -119,13 +120,6 @@ def run_hf(hf_model, torch, prompts: np.ndarray, new_tokens: int):
     return ttft, full, toks
 
 
-def _uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "uptime unavailable"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--from_run", default="", help="a training run's workdir or an HF dir; "
@@ -162,7 +156,7 @@ def main() -> None:
             f"greedy; {n} new tokens; random prompt token ids (seeded)",
             f"# parity: max |logits(engine) - logits(transformers)| = {diff:.2e} on a 96-token "
             f"sequence",
-            f"# load at start: {_uptime()}",
+            f"# load at start: {uptime()}",
             "# ratio = engine / transformers (decode: aggregate tokens/s; ttft: transformers / "
             "engine, > 1 = engine faster)",
             f"{'prompt':>6} {'batch':>5} {'system':>12} {'ttft_s':>8} {'tok/s/stream':>12} "
@@ -186,7 +180,7 @@ def main() -> None:
                 f.write("\n".join(lines) + "\n")
             print("\n".join(lines), flush=True)
     with out.open("a") as f:
-        f.write(f"# load at end: {_uptime()}\n")
+        f.write(f"# load at end: {uptime()}\n")
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
+
+from machine_load import uptime  # noqa: E402  (benchmarks/machine_load.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,13 +42,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 OUT = ROOT / "benchmarks" / "results" / "rl_speculative.txt"
 DEFAULT_INIT = "/tmp/engine_runs/cpt_debug_long"
-
-
-def _uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "uptime unavailable"
 
 
 def coding_config(overrides: list[str]):
@@ -116,7 +110,7 @@ def main() -> None:
     order = [("plain", "false"), ("spec", "true")]
     order = [o for r in range(args.repeats) for o in (order if r % 2 == 0 else order[::-1])]
     cmd = "PYTHONPATH=$PWD python benchmarks/rl_speculative.py " + " ".join(sys.argv[1:])
-    load0 = _uptime()
+    load0 = uptime()
     runs = []
     with tempfile.TemporaryDirectory(prefix="rl_spec_") as tmp:
         for i, (name, flag) in enumerate(order):
@@ -148,7 +142,7 @@ def main() -> None:
                      f"{r['error_rollouts']:>7d}")
     lines += [f"spec / plain: rollouts/s {ratio:.2f}x, generated tokens/s {tok_ratio:.2f}x "
               f"(means over {args.repeats} run(s) each)",
-              f"# load at end: {_uptime()}"]
+              f"# load at end: {uptime()}"]
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import subprocess
 import sys
 import sysconfig
 import time
@@ -39,6 +38,8 @@ from composer_jax.config import Config  # noqa: E402
 from composer_jax.heldout import HELDOUT_MODULES  # noqa: E402
 from composer_jax.inference import EngineConfig, SamplingParams  # noqa: E402
 from composer_jax.inference.timing import timed_generation, tokens_per_second  # noqa: E402
+
+from machine_load import uptime  # noqa: E402  (benchmarks/machine_load.py)
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "spec_decode_bench.txt"
 
@@ -63,13 +64,6 @@ def heldout_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
         raise SystemExit(f"only {len(prompts)} held-out prompts of {length} tokens; lower --num_prompts")
     rng = np.random.default_rng(0)
     return [prompts[i] for i in rng.choice(len(prompts), n, replace=False)]
-
-
-def _uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "uptime unavailable"
 
 
 def main() -> None:
@@ -104,7 +98,7 @@ def main() -> None:
             f"mtp_depth {model.cfg.mtp_depth}); greedy; {len(prompts)} held-out code prompts of "
             f"{args.prompt_len} tokens (stdlib {', '.join(sorted(HELDOUT_MODULES))}), "
             f"{args.new_tokens} new tokens; spec = spec_depth 1",
-            f"# load at start: {_uptime()}",
+            f"# load at start: {uptime()}",
             f"{'batch':>5} {'tok/s_plain':>11} {'tok/s_spec':>10} {'speed-up':>8} "
             f"{'acceptance':>10} {'mean_accepted_len':>17} {'step_cost':>9} {'greedy_same':>11}"]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +127,7 @@ def main() -> None:
         print(line, flush=True)
     sample = tok.decode(prompts[0]) + "<<" + tok.decode(plain[0].tokens) + ">>"
     with out.open("a") as f:
-        f.write(f"# load at end: {_uptime()}\n# sample (prompt<<greedy completion>>):\n"
+        f.write(f"# load at end: {uptime()}\n# sample (prompt<<greedy completion>>):\n"
                 + "".join(f"#   {line}\n" for line in sample.splitlines()))
 
 

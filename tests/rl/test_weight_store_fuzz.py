@@ -31,6 +31,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import weight_fuzz_worker as W  # noqa: E402
+from ray_local import local_ray  # noqa: E402
 
 from composer_jax.rl.weights import (CorruptWeightsError, MemoryTransport,  # noqa: E402
                                      WeightPublisher, WeightReader, WeightStoreError)
@@ -164,23 +165,8 @@ def test_tensorstore_survives_sigkill_fuzz_long(tmp_path):
 
 @pytest.fixture
 def ray_cluster():
-    ray = pytest.importorskip("ray", reason="ray is not installed")
-    import shutil
-    import tempfile
-    if ray.is_initialized():
-        ray.shutdown()
-    tmp = tempfile.mkdtemp(prefix="rwf", dir="/tmp")   # Ray's socket paths must stay short
-    try:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=tmp,
-                 configure_logging=False, namespace=W.RAY_NAMESPACE)
-    except Exception as e:  # noqa: BLE001 - any failure to start a local cluster
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"Ray cannot start here: {e!r}")
-    try:
+    with local_ray("rwf", namespace=W.RAY_NAMESPACE) as ray:
         yield ray
-    finally:
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _ray_fuzz(ray, tmp_path, rounds, seed):

@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from ray_local import local_ray
 from composer_jax.rl.weights import (CorruptWeightsError, MemoryTransport, WeightPublisher,
                                      WeightReader, WeightStoreError, WeightSyncSettings, codec)
 from composer_jax.rl.weights.store import flatten
@@ -16,26 +17,20 @@ from composer_jax.rl.weights.tensorstore_transport import TensorStoreTransport
 BF16 = ml_dtypes.bfloat16
 
 TRANSPORTS = ["memory", "tensorstore", "ray"]
+RAY_INDEX = "weight_store_hardening"     # the name of the module's one Ray index actor
 
 
 @pytest.fixture(scope="module")
 def ray_ok():
-    """A local Ray cluster for this module's Ray cases (skipped if Ray cannot start here)."""
-    ray = pytest.importorskip("ray", reason="ray is not installed")
-    import shutil
-    import tempfile
-    if ray.is_initialized():
-        ray.shutdown()
-    tmp = tempfile.mkdtemp(prefix="rwh", dir="/tmp")   # Ray's socket paths must stay short
-    try:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=tmp,
-                 configure_logging=False)
-    except Exception as e:  # noqa: BLE001 - any failure to start a local cluster
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"Ray cannot start here: {e!r}")
-    yield ray
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+    """A local Ray cluster for this module's Ray cases (skipped if Ray cannot start here). It
+    holds the transport that creates the module's named index actor for the whole module: a
+    non-detached actor dies with its creator's handle, so a test whose transport merely created it
+    would leave the next test (`get_if_exists`) a handle to a dying actor."""
+    with local_ray("rwh") as ray:
+        from composer_jax.rl.weights.ray_transport import RayTransport
+        owner = RayTransport(RAY_INDEX)
+        yield ray
+        del owner
 
 
 def _make(kind, tmp_path, request, wrap=lambda cls: cls):
@@ -46,7 +41,7 @@ def _make(kind, tmp_path, request, wrap=lambda cls: cls):
         return wrap(TensorStoreTransport)("file://" + str(tmp_path / "store"))
     request.getfixturevalue("ray_ok")
     from composer_jax.rl.weights.ray_transport import RayTransport
-    t = wrap(RayTransport)("weight_store_hardening")   # one index actor for the module: emptied
+    t = wrap(RayTransport)(RAY_INDEX)   # the module's index actor (held by `ray_ok`): emptied
     t.delete_from(0)
     for name in t.readers():
         t.remove_reader(name)
