@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "tpu_fit"
 # name, experiment, slice, extra --set overrides (the mesh: fsdp=-1 fills the rest of the slice)
 ROWS = [
-    ("cpt_32k_tpu7x_8x8x4", "cpt_32k", "tpu7x:8x8x4", ["train.microbatches=16"]),
+    ("cpt_32k_tpu7x_8x8x4", "cpt_32k", "tpu7x:8x8x4", []),
     ("cpt_32k_v5p_8x8x4", "cpt_32k", "v5p:8x8x4", []),
     ("cpt_256k_tpu7x_8x8x4", "cpt_256k", "tpu7x:8x8x4", ["mesh.context=64"]),
     ("cpt_256k_v5p_8x8x4", "cpt_256k", "v5p:8x8x4", []),

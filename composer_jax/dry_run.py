@@ -42,6 +42,30 @@ def _gb(n):
     return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
 
 
+def fit_microbatches(cfg: Config, num_devices: int) -> tuple[Config, str | None]:
+    """(cfg, note): when data.global_batch_size / train.microbatches rows do not split over the
+    batch mesh axes of `num_devices` devices (a larger slice than the config was written for),
+    the largest microbatch count below the configured one that does (fewer, larger microbatches:
+    the same rows per device), with a note saying so; else cfg unchanged and None."""
+    import dataclasses
+    import math
+
+    from composer_jax.parallel.rules import get_rules
+    sizes = cfg.mesh.resolved(num_devices)
+    shards = math.prod(sizes[a] for a in get_rules(cfg.mesh.rules).mesh_axes("batch")
+                       if sizes.get(a, 1) > 1)
+    b, micro = cfg.data.global_batch_size, cfg.train.microbatches
+    if (b // micro) % shards == 0:
+        return cfg, None
+    fit = [m for m in range(micro, 0, -1) if b % m == 0 and (b // m) % shards == 0]
+    if not fit:
+        return cfg, None        # the step's own check explains what to change
+    note = (f"train.microbatches {micro} -> {fit[0]}: {b} sequences in {micro} microbatches "
+            f"do not split over the {shards} batch shards of this {num_devices}-device mesh; "
+            f"{fit[0]} microbatches of {b // fit[0]} rows do (set train.microbatches to choose)")
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=fit[0])), note
+
+
 def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     import jax
 
@@ -70,6 +94,10 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
         cfg.mesh.resolved(n_dev)
     except ConfigError as e:
         raise ConfigError(f"{e}. {hint}") from None
+    configured_micro = cfg.train.microbatches
+    cfg, micro_note = fit_microbatches(cfg, n_dev)
+    if micro_note:
+        print(f"planner: {micro_note}")
     cfg_path = workdir / "dry_run_config.json"
     cfg_path.write_text(json.dumps(to_dict(cfg), indent=1))
     plan = run_in_subprocess(cfg, str(cfg_path), str(workdir / "dry_run_plan.json"),
@@ -91,6 +119,7 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
         "seq_len": cfg.data.seq_len,
         "global_batch_size": cfg.data.global_batch_size,
         "microbatches": cfg.train.microbatches,
+        "microbatches_configured": configured_micro,
         "optimizer": plan["optimizer"],
         "master_dtype": plan["master_dtype"],
         "mesh": plan["mesh"],

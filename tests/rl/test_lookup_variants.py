@@ -186,3 +186,34 @@ def test_verify_pays_on_hard_and_costs_on_easy():
         assert (demo[-1]["raw"].count(f'"message": "{t.code}"') == 1) == (
             t.level == "easy" or rate[t.level][-1])
     assert all(0.35 < sum(v) / len(v) < 0.65 for v in rate.values())
+
+
+def test_marked_draft_labels_only_the_draft_read():
+    """rl.task.draft_shown=marked: the first read of a hard task's last note says `(draft)`, its
+    re-read and every easy read are plain; the demonstrations still re-read as often on both
+    levels and finish with the code alone."""
+    import random
+
+    from composer_jax.errors import ConfigError
+    from composer_jax.rl.tasks.lookup_levels import (DraftBook, LookupLevelsFamily,
+                                                     verify_demonstration)
+    fam = LookupLevelsFamily(_cfg("composer_jax.rl.tasks.lookup_levels", "rl.task.verify=0.5",
+                                  "rl.task.draft_shown=marked"))
+    for level in ("easy", "hard"):
+        t = next(fam.task(i) for i in fam.make_tasks("train") if fam.task(i).level == level)
+        book = DraftBook(t)
+        seen = [book.call("read_file", {"target_file": k}).output
+                for k in list(t.chain) + [t.chain[-1]]]
+        if level == "hard":
+            assert seen[-2] == f"code {t.draft} (draft)" and seen[-1] == f"code {t.code}"
+        else:
+            assert "(draft)" not in " ".join(seen) and seen[-1] == f"code {t.code}"
+    rng, n_re = random.Random(0), {"easy": [], "hard": []}
+    for i in fam.make_tasks("train")[:200]:
+        t = fam.task(i)
+        demo = verify_demonstration(t, rng, verify=0.5)
+        n_re[t.level].append(sum(m["role"] == "tool" for m in demo) > len(t.chain))
+        assert "(draft)" not in demo[-1]["raw"]
+    assert all(0.35 < sum(v) / len(v) < 0.65 for v in n_re.values())
+    with pytest.raises(ConfigError, match="draft_shown"):
+        _cfg("composer_jax.rl.tasks.lookup_levels", "rl.task.draft_shown=marked")

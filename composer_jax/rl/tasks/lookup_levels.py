@@ -29,6 +29,13 @@ both levels, and a hard episode that skips the re-read reports the draft (wrong)
 the re-read is pure cost (one more call, turn and ~15 tokens under the length term); on hard
 tasks it is what makes the episode correct. `rl.task.max_turns=4` fits a verified hard episode;
 its demonstration is ~200 tokens, so set `rl.seq_len=256`.
+
+`rl.task.draft_shown=marked` (with verify; default `plain`): the draft read says so, `code D
+(draft)`, so the cue to verify is in the observation right before the decision instead of only in
+the prompt's level several turns back. A hard task's later reads and every easy read are plain
+`code C`, and the demonstrations still re-read with probability P whatever they saw: the initial
+policy verifies as often after a plain read as after a draft, and only RL can tie the re-read to
+the cue (benchmarks/results/rl_length.txt, runs M*).
 """
 from __future__ import annotations
 
@@ -52,6 +59,7 @@ class StatedLevelTask(lk.LookupTask):
 
 
 THOUGHT_TURNS = ("first", "decision")
+DRAFT_SHOWN = ("plain", "marked")
 
 
 def demonstration(task: lk.LookupTask, rng, hasty: float = 0.0, thought_turn: str = "first"):
@@ -82,20 +90,24 @@ def stated(task: lk.LookupTask) -> StatedLevelTask:
 @dataclasses.dataclass(frozen=True)
 class VerifyTask(StatedLevelTask):
     """A stated-level task whose last note reads `code <draft>` the first time (draft: a digit
-    other than the code on hard tasks, "" = no draft on easy ones)."""
+    other than the code on hard tasks, "" = no draft on easy ones; `code <draft> (draft)` when
+    `marked`)."""
     draft: str = ""
+    marked: bool = False
 
 
-def with_draft(task: lk.LookupTask) -> VerifyTask:
+def with_draft(task: lk.LookupTask, shown: str = "plain") -> VerifyTask:
     """The stated-level task with a draft on hard tasks: a digit != code and != every other note's
-    code, drawn deterministically from the task id."""
+    code, drawn deterministically from the task id; `shown="marked"` labels its read a draft."""
+    if shown not in DRAFT_SHOWN:
+        raise ValueError(f"draft_shown must be one of {DRAFT_SHOWN}, got {shown!r}")
     if task.level != "hard":
         return VerifyTask(**{f.name: getattr(task, f.name) for f in dataclasses.fields(task)})
     used = {t[5:] for _, t in task.notes if t.startswith("code ")}
     free = sorted(set("0123456789") - used)
     draft = free[zlib.crc32(task.task_id.encode()) % len(free)]
     return VerifyTask(**{f.name: getattr(task, f.name) for f in dataclasses.fields(task)},
-                      draft=draft)
+                      draft=draft, marked=shown == "marked")
 
 
 class DraftBook(lk.NoteBook):
@@ -105,12 +117,13 @@ class DraftBook(lk.NoteBook):
     def __init__(self, task: VerifyTask):
         super().__init__(task)
         self.draft, self.last = task.draft, task.chain[-1]
+        self.label = " (draft)" if task.marked else ""
 
     def call(self, name: str, arguments) -> lk.ToolResult:
         r = super().call(name, arguments)
         if (self.draft and name == "read_file" and not r.is_error and self.reads
                 and self.reads[-1] == self.last and self.reads.count(self.last) == 1):
-            return lk.ToolResult(f"code {self.draft}")
+            return lk.ToolResult(f"code {self.draft}{self.label}")
         return r
 
 
@@ -127,7 +140,8 @@ def verify_demonstration(task: VerifyTask, rng, hasty: float = 0.0, verify: floa
         msgs.append({"role": "tool", "tool_call_id": lk.protocol.call_id("read_file", index),
                      "content": seen})
         index += 1
-    raw = lk.protocol.render_assistant("", [("finish", {"message": seen[5:], "success": True})],
+    raw = lk.protocol.render_assistant("", [("finish", {"message": seen.split()[1],
+                                                        "success": True})],
                                        index)
     msgs.append({"role": "assistant", "content": "", "raw": raw})
     return msgs
@@ -145,6 +159,7 @@ class LookupLevelsTaskConfig(LookupTaskConfig):
     sft_hasty: float = 0.0
     thought_turn: str = "first"
     verify: float = 0.0
+    draft_shown: str = "plain"
 
     def __post_init__(self):
         super().__post_init__()
@@ -152,6 +167,14 @@ class LookupLevelsTaskConfig(LookupTaskConfig):
             from composer_jax.errors import ConfigError
             raise ConfigError(f"rl.task.verify must be in [0, 1) (the demonstrations' re-read "
                               f"probability; 0 = off), got {self.verify}")
+        if self.draft_shown not in DRAFT_SHOWN:
+            from composer_jax.errors import ConfigError
+            raise ConfigError(f"rl.task.draft_shown must be one of {DRAFT_SHOWN}, got "
+                              f"{self.draft_shown!r}")
+        if self.draft_shown != "plain" and self.verify == 0:
+            from composer_jax.errors import ConfigError
+            raise ConfigError("rl.task.draft_shown=marked labels the draft of rl.task.verify: "
+                              "set rl.task.verify=P (> 0) too")
         if self.thought_turn not in THOUGHT_TURNS:
             from composer_jax.errors import ConfigError
             raise ConfigError(f"rl.task.thought_turn must be one of {THOUGHT_TURNS}, got "
@@ -165,7 +188,9 @@ class LookupLevelsFamily(LookupFamily):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        wrap = with_draft if self.task_cfg.verify > 0 else stated
+        shown = self.task_cfg.draft_shown
+        wrap = (functools.partial(with_draft, shown=shown) if self.task_cfg.verify > 0
+                else stated)
         self._split = {s: [wrap(t) for t in ts] for s, ts in self._split.items()}
         self._tasks = {x.task_id: x for split in self._split.values() for x in split}
 
@@ -176,9 +201,11 @@ class LookupLevelsFamily(LookupFamily):
         from composer_jax.rl.tasks.lookup_sft import initial_model, sft_policy
         t = self.task_cfg
         if t.verify > 0:
-            tasks = [with_draft(x) for x in lk.make_tasks(t.num_train_tasks, t.sft_seed, "train",
-                                                          tuple(t.levels))]
-            return initial_model(self.cfg, tasks, salt=f"stated-level-verify-{t.verify}",
+            tasks = [with_draft(x, t.draft_shown)
+                     for x in lk.make_tasks(t.num_train_tasks, t.sft_seed, "train", tuple(t.levels))]
+            salt = f"stated-level-verify-{t.verify}" + ("" if t.draft_shown == "plain"
+                                                        else f"-{t.draft_shown}")
+            return initial_model(self.cfg, tasks, salt=salt,
                                  train=lambda cfg, tasks, steps: sft_policy(
                                      cfg, tasks, steps, demo=functools.partial(
                                          verify_demonstration, verify=t.verify)))
