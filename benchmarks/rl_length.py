@@ -13,7 +13,8 @@ the last `--window` versions (mean +- SE over those versions; z = change / sqrt(
 the same for the resolved rate, and the held-out evaluations' per-level numbers (first and last
 evaluation, mean +- SE over the held-out episodes of that level, with the read_file calls per
 episode). `--set rl.task.verify=0.5 --set rl.seq_len=256` makes the extra length useful on hard
-tasks only (a re-read of the last note; `rl/tasks/lookup_levels.py`).
+tasks only (a re-read of the last note; `rl/tasks/lookup_levels.py`), and `--set rl.task.draft_shown=marked`
+labels the draft read (the design that shows the result: run M1 in the results file).
 Results: benchmarks/results/rl_length.txt.
 """
 from __future__ import annotations

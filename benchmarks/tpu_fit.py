@@ -8,6 +8,11 @@ Each row runs `python launch.py --experiment=E --dry_run --set mesh.compile_topo
 the same command without compile_topology (fake CPU devices) into NAME.cpu.json. `--table` only
 writes benchmarks/results/tpu_fit.md (the README table) from the files present; a row without a
 file is listed as not run.
+
+`--kernels` compiles each TPU Pallas kernel (block-scaled matmul, grouped matmul, MXFP8 quantize)
+at kimi_k2_5's production shapes (`composer_jax.aot_programs.kernel_cases` of cpt_32k) for one chip
+of each slice family with Mosaic, in this process, into tpu_fit/kimi_kernels_<chip>.json and the
+table's kernel section.
 """
 from __future__ import annotations
 
@@ -73,6 +78,62 @@ def run_row(name: str, exp: str, topo: str, sets: list[str], cpu: bool) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+KERNEL_CHIPS = [("v5p", "v5p:2x2x1"), ("v6e", "v6e:2x2"), ("tpu7x", "tpu7x:2x2x1")]
+
+
+def run_kernels() -> None:
+    """Compiles kimi_k2_5's kernel cases for one chip of each family (Mosaic); writes
+    tpu_fit/kimi_kernels_<chip>.json (skips chips whose file exists)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    sys.path.insert(0, str(ROOT))
+    from composer_jax import registry
+    from composer_jax.aot_programs import kernel_programs
+    from composer_jax.parallel import aot
+    cfg = registry.get("cpt_32k").make_config()
+    for chip, topo in KERNEL_CHIPS:
+        dest = OUT / f"kimi_kernels_{chip}.json"
+        if dest.exists():
+            print(f"{dest.name} exists, skipped", flush=True)
+            continue
+        devices = aot.topology_devices(topo)
+        target = aot.target_info(topo, devices[:1])
+        out = {"model": cfg.model.name, "experiment": "cpt_32k", "target": target, "kernels": {}}
+        for prog in kernel_programs(cfg, devices[0]):
+            compiled, secs = aot.lower_and_compile(prog.jitted, *prog.args, platform="tpu")
+            mem = aot.compiled_memory(compiled)
+            out["kernels"][prog.name] = {
+                "shapes": prog.detail, "compile_seconds": secs, "per_device_total": mem["total"],
+                "memory_analysis": mem,
+                "mosaic_kernels": compiled.as_text().count('custom_call_target="tpu_custom_call"'),
+                "fits_hbm": aot.fits(mem["total"], target["hbm_bytes_per_device"])}
+            print(f"{chip} {prog.name} {prog.detail}: {mem['total'] / 2**20:.1f} MiB, "
+                  f"{secs}s", flush=True)
+        OUT.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out, indent=2))
+        tmp.replace(dest)
+
+
+def kernel_table() -> str:
+    lines = []
+    for chip, topo in KERNEL_CHIPS:
+        f = OUT / f"kimi_kernels_{chip}.json"
+        if not f.exists():
+            continue
+        r = json.loads(f.read_text())
+        for name, k in r["kernels"].items():
+            shapes = ", ".join(f"{a}={b}" for a, b in k["shapes"].items())
+            lines.append(f"| {r['target']['device_kind']} (`{topo}`, one device) | `{name[7:]}` | "
+                         f"{shapes} | {k['mosaic_kernels']} | {k['per_device_total'] / 2**20:.1f} MiB"
+                         f" | {k['compile_seconds']:.1f} s |")
+    if not lines:
+        return ""
+    return ("\nkimi_k2_5's TPU Pallas kernels at production shapes, compiled by Mosaic "
+            "(`python benchmarks/tpu_fit.py --kernels`):\n\n"
+            "| chip | kernel | shapes | Mosaic calls | memory | compile |\n|---|---|---|---|---|---|\n"
+            + "\n".join(lines) + "\n")
+
+
 def _gib(n) -> str:
     return "n/a" if n is None else f"{n / 2**30:.1f}"
 
@@ -129,15 +190,19 @@ def main():
     ap.add_argument("--rows", default="", help="comma list of row names (default: all)")
     ap.add_argument("--cpu", action="store_true", help="also the CPU estimate of each row")
     ap.add_argument("--table", action="store_true", help="only write the table")
+    ap.add_argument("--kernels", action="store_true",
+                    help="only compile kimi_k2_5's Pallas kernels for one chip per family")
     a = ap.parse_args()
-    if not a.table:
+    if a.kernels:
+        run_kernels()
+    elif not a.table:
         want = set(filter(None, a.rows.split(",")))
         for name, exp, topo, sets in ROWS:
             if not want or name in want:
                 run_row(name, exp, topo, sets, cpu=False)
                 if a.cpu and (OUT / f"{name}.json").exists():
                     run_row(name, exp, topo, sets, cpu=True)
-    md = table()
+    md = table() + kernel_table()
     (ROOT / "benchmarks" / "results" / "tpu_fit.md").write_text(md)
     print(md)
 
