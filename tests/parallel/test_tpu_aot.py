@@ -111,3 +111,17 @@ def test_tpu_aot_target_platform_switches_the_cpu_paths():
         assert target.platform() == "tpu"
         assert "ragged_dot_general" in str(jax.make_jaxpr(grouped_matmul)(x, w, gs))
     assert target.platform() == "cpu"
+
+
+def test_dry_run_fits_microbatches_to_a_larger_slice():
+    """cpt_32k's 32 microbatches of 64 rows do not split over the 128 batch shards of a 512-device
+    slice (TPU7x 8x8x4: fsdp 2 x expert 64); the planner takes 16 (128 rows, the same rows per
+    device as 32 on 256 devices) and says so; a mesh that already splits is left alone."""
+    from composer_jax import registry
+    from composer_jax.dry_run import fit_microbatches
+    cfg = registry.get("cpt_32k").make_config()
+    assert cfg.train.microbatches == 32
+    fitted, note = fit_microbatches(cfg, 512)
+    assert fitted.train.microbatches == 16 and "32 -> 16" in note and "128 batch shards" in note
+    same, none = fit_microbatches(cfg, 256)
+    assert same is cfg and none is None
