@@ -15,7 +15,7 @@ segment ends with a summary turn and a new segment restarts from system prompt +
 (`composer_jax.agent.summarize`). Tools, grading and reward go through the environment's public API
 (`open_workspace`, `grade_workspace`, `compute_reward`). A crash becomes an error rollout (reward
 0) with the segments recorded so far; one caused outside the policy (`EpisodeInterrupted`: the
-engine or a sandbox died) says so in `info["interrupted"]`.
+engine died; `SandboxKilled`: a tool call's sandbox was killed) says so in `info["interrupted"]`.
 
 Checkpoints and resume (`agent.episode_checkpoint`): with `checkpoint=sink`, every completed turn
 hands the sink an `EpisodeCheckpoint`; `resume=checkpoint` continues an episode from one on a
@@ -40,7 +40,7 @@ from typing import Callable
 
 from composer_jax.agent import summarize
 from composer_jax.agent.episode import LoopState, initial_messages, run_loop
-from composer_jax.agent.episode_checkpoint import (EpisodeCheckpoint, EpisodeInterrupted,
+from composer_jax.agent.episode_checkpoint import (EpisodeCheckpoint, is_interruption,
                                                    restore_workspace, workspace_state)
 from composer_jax.agent.rollout import (END_EPISODE, END_SUMMARIZED, Rollout, Segment,
                                         SegmentBuilder)
@@ -258,7 +258,7 @@ class TokenAgent:
         except Exception as exc:   # noqa: BLE001 - a crashed episode becomes an error rollout
             if seg and len(seg[-1].builder):     # the open segment (its session ends below)
                 ep.segments.append(seg[-1].builder.build(END_EPISODE))
-            if isinstance(exc, EpisodeInterrupted):
+            if is_interruption(exc):
                 ep.info["interrupted"] = True
             why = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
             return Rollout.failed(task_id, group_id, why, ep.segments, rollout_id=rid,
