@@ -20,7 +20,9 @@ engine died; `SandboxKilled`: a tool call's sandbox was killed) says so in `info
 Checkpoints and resume (`agent.episode_checkpoint`): with `checkpoint=sink`, every completed turn
 hands the sink an `EpisodeCheckpoint`; `resume=checkpoint` continues an episode from one on a
 fresh engine session (the recorded prefix is fed as recorded ids) and a fresh workspace (the
-checkpoint's state restored); the rollout's `info["resumed_at_turns"]` lists where it resumed.
+checkpoint's state restored), and hands the sink the same turn again with the resume recorded (so
+every resume shows, also when an episode resumes from one turn more than once); the rollout's
+`info["resumed_at_turns"]` lists where it resumed.
 
 The turns run in the one episode loop (`agent.episode.run_loop`), the same loop as the text-level
 episodes. A policy decides how each turn is generated: `sampling_policy` samples with the
@@ -271,6 +273,9 @@ class TokenAgent:
                  segs: list[_Seg], checkpoint=None, resume: EpisodeCheckpoint | None = None) -> None:
         turns = _TokenTurns(self, rid, ep, segs, initial)
         state = turns.restore(resume) if resume is not None else LoopState()
+        if resume is not None and checkpoint is not None:
+            checkpoint(turns.checkpoint(state, ws))   # the resume on record: a later resume from
+                                                      # this turn keeps it in resumed_at_turns
 
         def on_turn(loop: LoopState) -> None:
             checkpoint(turns.checkpoint(loop, ws))

@@ -116,13 +116,16 @@ def test_sigkilled_sandbox_resumes_from_last_turn_with_its_workspace(tmp_path):
     assert len(killed) == 1, "no sandbox was killed"
     # plan: 1 run the test (writes scratch/before.txt), 2 the fix, 3 the test again (killed), 4 finish
     assert r.error is None, r.error
-    assert r.info["interruptions"] == 1 and r.info["resumed_at_turns"] == [2]
+    assert r.info["interruptions"] == 1 and r.info["interrupted_by"] == ["SandboxKilled"]
+    assert r.info["resumed_at_turns"] == [2]
     assert r.info["num_turns"] == 4 and r.info["stop_reason"] == "finish"
     assert r.reward["resolved"] == 1.0 and r.info["resolved"]   # the restored fix was graded
     assert r.info["resumed_tokens_saved"] == [saved[1].generated]
-    # checkpoints: turns 1, 2 (the first attempt), then 2 again and 3 (the resumed attempt)
-    assert [c.turn for c in saved] == [1, 2, 3]
+    # checkpoints: turns 1, 2 (the first attempt), then 2 again (the resume on record) and 3
+    assert [c.turn for c in saved] == [1, 2, 2, 3]
     files = saved[1].state["workspace"]["files"]
+    assert saved[2].state["ep"]["resumed_at"] == [2]         # the resume, on record
+    assert saved[2].state["workspace"] == saved[1].state["workspace"]   # restored: the same diff
     assert sorted(files) == ["mod.py", "scratch/before.txt"]    # the fix and the sandbox's note
     # the resumed turn 3's test run read the note the dead workspace's sandbox had written
     text = program.family.tokenizer().decode(r.segments[-1].tokens.tolist())
