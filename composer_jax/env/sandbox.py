@@ -330,7 +330,8 @@ class Sandbox:
         return run_process(self.argv(command), env=self.env(),
                            timeout_s=timeout_s or self.limits.timeout_s,
                            max_output_bytes=max_output_bytes or self.limits.max_output_bytes,
-                           cwd=str(self.host_dir), stdin_data=stdin_data)
+                           cwd=str(self.host_dir), stdin_data=stdin_data,
+                           output_dies_with_leader=self.backend == SandboxBackend.BWRAP)
 
     def spawn(self, command: str) -> int:
         """Starts `command` in the background (output discarded); returns its job number."""
@@ -442,7 +443,9 @@ class PersistentShell:
         kept, total, why, tail = drain(self._proc.stdout.fileno(), start + timeout_s,
                                        limits.max_output_bytes,
                                        kill_after_bytes=max(8 * limits.max_output_bytes, 1 << 20),
-                                       stop_marker=marker.encode())
+                                       stop_marker=marker.encode(),
+                                       leader=self._proc if self._can_kill_all and
+                                       self.sandbox.backend == SandboxBackend.BWRAP else None)
         cut = kept.find(("\n" + marker).encode())
         if cut >= 0:
             kept = kept[:cut]

@@ -86,8 +86,11 @@ class _ForcedServer:
         pass
 
 
-def _kill_sandbox_running(marker: str, killed: list, stop: threading.Event) -> None:
-    """SIGKILLs (once) the bwrap process of this process's sandbox whose command has `marker`."""
+def _kill_sandbox_running(marker: str, killed: list, stop: threading.Event,
+                          delay: float = 0.0) -> None:
+    """SIGKILLs (once) the bwrap process of this process's sandbox whose command has `marker`
+    (after `delay` seconds)."""
+    stop.wait(delay)
     while not stop.is_set():
         for sb in running_sandboxes((os.getpid(),)):
             if marker in sb.script and sb.workspace.endswith("/ws"):
@@ -133,3 +136,49 @@ def test_sigkilled_sandbox_resumes_from_last_turn_with_its_workspace(tmp_path):
     assert "before:" in out and "FAILED (failures=1)" in out, out[-600:]
     assert text.count("FAILED (failures=1)") == 2            # turn 1's output, then the note
     assert tuple(r.segments[-1].turns[:3]) == tuple(saved[-1].segments[-1].turns)
+
+
+@pytest.mark.parametrize("mode", ["fresh", "persistent"])
+def test_only_a_sandbox_killed_from_outside_raises(tmp_path, mode):
+    """SandboxKilled for a SIGKILL of the sandbox's bwrap process, in both shell modes; a command
+    that kills itself or exits is an ordinary result; the next command runs normally."""
+    from composer_jax.env.config import ShellMode
+    from composer_jax.env.sandbox import SandboxKilled
+    from composer_jax.env.workspace import open_workspace
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "snap" / "a.txt").write_text("kept\n")
+    cfg = EnvConfig(shell_mode=ShellMode(mode), use_embeddings=False)
+    with open_workspace(tmp_path / "snap", cfg) as ws:
+        own = ws.run_command("kill -9 $$" if mode == "fresh" else "exit 3")
+        assert own.exit_code == (137 if mode == "fresh" else 1) and not own.timed_out
+        killed, stop = [], threading.Event()
+        # the persistent shell's bwrap runs `exec bash`, started before: kill once the command runs
+        th = threading.Thread(target=_kill_sandbox_running,
+                              args=("", killed, stop, 0.0 if mode == "fresh" else 0.5), daemon=True)
+        if mode == "persistent":
+            ws.run_command("true")
+        th.start()
+        try:
+            with pytest.raises(SandboxKilled, match="killed from outside"):
+                ws.run_command("sleep 20")
+        finally:
+            stop.set()
+            th.join()
+        assert len(killed) == 1 and killed[0].workspace == str(ws.root)
+        assert "kept" in ws.run_command("cat a.txt").output
+
+
+def test_drain_kills_what_outlives_its_leader():
+    """`procio.drain(leader=...)`: a process in another session still holding the output pipe
+    after the leader exited (a sandbox's inner bwrap orphaned by a SIGKILL of the outer one before
+    it armed --die-with-parent) is killed, so the read ends at once instead of at the deadline."""
+    import subprocess
+
+    from composer_jax.env.procio import drain
+    proc = subprocess.Popen(["bash", "-c", "setsid sleep 30 & echo started; exit 0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    t0 = time.monotonic()
+    kept, _, why, _ = drain(proc.stdout.fileno(), t0 + 20, 1000, 10_000, leader=proc)
+    proc.stdout.close()
+    assert why == "eof" and kept == b"started\n" and time.monotonic() - t0 < 5
+    assert proc.wait() == 0
