@@ -43,7 +43,6 @@ import os
 import pathlib
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -143,6 +142,9 @@ class ChaosBackend:
         self.inner.shutdown()
 
 
+SANDBOX_WINDOW_S = 10.0        # how long a sandbox kill waits for a tool call to run
+
+
 def kill_tool_sandbox(worker_pids, rng: random.Random, window: float, stop: threading.Event):
     """SIGKILLs the outer bwrap process of a random running tool call (a sandbox over an episode
     workspace, `.../cj-ws-*/ws`, not the grader's) below the rollout workers, waiting up to
@@ -166,7 +168,8 @@ def kill_tool_sandbox(worker_pids, rng: random.Random, window: float, stop: thre
 def chaos(backend: ChaosBackend, every: float, seed: int, stop: threading.Event, events: list,
           kinds=("worker", "engine")):
     """Every `every` seconds one kill of a random kind: a worker's SIGKILL, an engine restart,
-    or a tool call's sandbox SIGKILL (a "sandbox_miss" when no tool call ran for `every` s)."""
+    or a tool call's sandbox SIGKILL (a "sandbox_miss" when no tool call ran for
+    `SANDBOX_WINDOW_S`)."""
     rng = random.Random(seed)
     while not stop.wait(every):
         if backend.pool is None:
@@ -185,24 +188,28 @@ def chaos(backend: ChaosBackend, every: float, seed: int, stop: threading.Event,
             backend.inference.server.kill_engine()
             events.append(("engine", time.monotonic(), 0))
         else:
-            pid = kill_tool_sandbox(backend.pool.worker_pids, rng, every, stop)
+            pid = kill_tool_sandbox(backend.pool.worker_pids, rng, SANDBOX_WINDOW_S, stop)
             events.append(("sandbox" if pid else "sandbox_miss", time.monotonic(), pid or 0))
 
 
 def tally(workdir: pathlib.Path) -> dict:
-    """Resumes and tokens from the logged rollouts (module docstring)."""
+    """Resumes and tokens from the logged rollouts (module docstring). Every resume from a
+    checkpoint is on record (`resumed_at_turns`, `resumed_by`: "worker_died", "EngineUnavailable",
+    "SandboxKilled"); restarts from scratch (no checkpoint yet) are counted after worker deaths
+    (`worker_deaths` less the "worker_died" resumes) and in place on the worker that finished the
+    episode (`interruptions` less its in-place resumes: those after the last "worker_died")."""
     from composer_jax.agent.rollout import Rollout
     from composer_jax.rl.stream import RolloutLog
     out = dict(rollouts=0, resumed_rollouts=0, turns_resumed=0, tokens_saved=0,
                tokens_regenerated_max=0, restarts_from_scratch=0, sampled_tokens=0,
-               resolved=0, resumed_resolved=0, multi_turn=0, tool_calls=0,
-               interrupted_by={})
+               resolved=0, resumed_resolved=0, multi_turn=0, tool_calls=0, resumed_by={})
     for logged in RolloutLog(workdir / "rollouts").scan():
         r = Rollout.load(logged.path)
         out["rollouts"] += 1
         out["sampled_tokens"] += r.num_trainable
         turns = [t for s in r.segments for t in s.turns]
         at = r.info.get("resumed_at_turns", [])
+        by = r.info.get("resumed_by", [])
         out["turns_resumed"] += len(at)
         out["resumed_rollouts"] += bool(at)
         out["tokens_saved"] += sum(r.info.get("resumed_tokens_saved", []))
@@ -210,12 +217,14 @@ def tally(workdir: pathlib.Path) -> dict:
         out["resumed_resolved"] += bool(at) and bool(r.info.get("resolved"))
         out["multi_turn"] += r.info.get("num_turns", 0) >= 2
         out["tool_calls"] += r.info.get("num_calls", 0)
-        for cause in r.info.get("interrupted_by", []):
-            out["interrupted_by"][cause] = out["interrupted_by"].get(cause, 0) + 1
+        for cause in by:
+            out["resumed_by"][cause] = out["resumed_by"].get(cause, 0) + 1
         for k in at:                       # the turn in flight when it was interrupted
             if k < len(turns):
                 out["tokens_regenerated_max"] += turns[k].sample_end - turns[k].sample_start
-        scratch = r.info.get("worker_deaths", 0) + r.info.get("interruptions", 0) - len(at)
+        last_died = max((i for i, c in enumerate(by) if c == "worker_died"), default=-1)
+        scratch = (r.info.get("worker_deaths", 0) - by.count("worker_died")
+                   + r.info.get("interruptions", 0) - len(by[last_died + 1:]))
         if scratch > 0 and turns:
             out["restarts_from_scratch"] += scratch
             out["tokens_regenerated_max"] += scratch * (turns[0].sample_end - turns[0].sample_start)
@@ -344,7 +353,7 @@ def main(argv=None) -> dict:
                  "grader; scripted policy = the reference fix forced through a fresh tiny MoE's "
                  "engine; process rollout workers)")
         sandbox = (f"sandbox SIGKILL {kills['sandbox']} (+{kills['sandbox_miss']} turns of the "
-                   f"chaos thread with no tool call running)")
+                   f"chaos thread with no tool call running within {SANDBOX_WINDOW_S:g}s)")
     else:
         title = "RL run (rl_async lookup family, tiny MoE, process rollout workers)"
         sandbox = "sandbox 0 (the lookup family has no sandbox)"
@@ -362,9 +371,9 @@ def main(argv=None) -> dict:
         f"{summary['rollouts_trained']}  error rollouts: {summary['error_rollouts']}",
         f"worker restarts (pool): {summary['worker_restarts']}  episodes sent back with a "
         f"checkpoint: {summary['episodes_resumed']}",
-        f"in-place resumes by cause: {json.dumps(t['interrupted_by'], sort_keys=True)}",
-        f"turns resumed: {t['turns_resumed']} (in {t['resumed_rollouts']} rollouts); restarts "
-        f"from scratch (no checkpoint yet): {t['restarts_from_scratch']}",
+        f"turns resumed: {t['turns_resumed']} (in {t['resumed_rollouts']} rollouts), by cause: "
+        f"{json.dumps(t['resumed_by'], sort_keys=True)}; restarts from scratch (no checkpoint "
+        f"yet): {t['restarts_from_scratch']}",
         f"sampled tokens: {t['sampled_tokens']}; saved by resuming: {t['tokens_saved']}; "
         f"regenerated (at most): {t['tokens_regenerated_max']} (from scratch, the interrupted "
         f"episodes would have sampled up to {t['tokens_saved'] + t['tokens_regenerated_max']} "
@@ -379,7 +388,7 @@ def main(argv=None) -> dict:
     lines += [
         f"audit: {json.dumps(audit)}",
         f"lost: 0 (every consumed group complete in the log), trained twice: 0 "
-        f"(audit_run passed)",
+        "(audit_run passed)",
     ]
     text = "\n".join(lines) + "\n"
     print(text)

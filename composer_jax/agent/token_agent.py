@@ -22,7 +22,8 @@ hands the sink an `EpisodeCheckpoint`; `resume=checkpoint` continues an episode 
 fresh engine session (the recorded prefix is fed as recorded ids) and a fresh workspace (the
 checkpoint's state restored), and hands the sink the same turn again with the resume recorded (so
 every resume shows, also when an episode resumes from one turn more than once); the rollout's
-`info["resumed_at_turns"]` lists where it resumed.
+`info["resumed_at_turns"]` lists where it resumed, `info["resumed_by"]` why (the cause its caller
+wrote into the checkpoint's `state["cause"]`, e.g. `rl.jobs.run_job`).
 
 The turns run in the one episode loop (`agent.episode.run_loop`), the same loop as the text-level
 episodes. A policy decides how each turn is generated: `sampling_policy` samples with the
@@ -516,13 +517,14 @@ class _EpisodeState:
     _SAVED = ("start_time", "timing", "turns", "generated", "summaries", "content_tokens",
               "tool_call_tokens", "tool_output_tokens", "last_content_tokens",
               "final_from_content", "finish_reasons", "claimed", "info", "messages",
-              "resumed_at", "resumed_tokens")
+              "resumed_at", "resumed_tokens", "resumed_by")
 
     def __init__(self, start_time: float, t0: float):
         self.start_time, self.t0 = start_time, t0
         self.task_id = ""
         self.resumed_at: list[int] = []          # completed turns at each resume
         self.resumed_tokens: list[int] = []      # sampled tokens recorded at each resume
+        self.resumed_by: list[str] = []          # why each resume happened (ck.state["cause"])
         self.segments: list[Segment] = []
         self.messages: list[list[dict]] = []
         self.timing = {"generate_s": 0.0, "tools_s": 0.0, "grade_s": 0.0}
@@ -547,10 +549,12 @@ class _EpisodeState:
         st = ck.state["ep"]
         ep = cls(st["start_time"], time.monotonic() - st["elapsed_s"])
         for k in cls._SAVED:
-            setattr(ep, k, st[k])
+            if k in st:
+                setattr(ep, k, st[k])
         ep.segments = list(ck.segments[:-1])
         ep.resumed_at = list(ep.resumed_at) + [ck.turn]
         ep.resumed_tokens = list(ep.resumed_tokens) + [ep.generated]
+        ep.resumed_by = list(ep.resumed_by) + [str(ck.state.get("cause", ""))]
         return ep
 
     def count_turn(self, body: list[int], call_ids: set[int]) -> None:
@@ -573,4 +577,5 @@ class _EpisodeState:
         if self.resumed_at:
             info["resumed_at_turns"] = list(self.resumed_at)
             info["resumed_tokens_saved"] = list(self.resumed_tokens)
+            info["resumed_by"] = list(self.resumed_by)
         return info

@@ -5,7 +5,11 @@ with the host system mounted read-only (/usr, the CPython installs, our helper s
 /tmp of bounded size, a fresh /proc, minimal /dev, and only the workspace writable at /workspace.
 The new network namespace has no interface but its own loopback, so nothing on the host
 (127.0.0.1 included) or beyond is reachable. Killing the sandbox's outer process kills its pid
-namespace (--die-with-parent), so nothing outlives a command or an episode.
+namespace (--die-with-parent), so nothing outlives a command or an episode (a SIGKILL landing
+before bwrap has armed it leaves the inner bwrap running; `Sandbox.run` and the persistent shell
+then kill whatever still holds the command's output: `procio.drain`'s `leader`). A sandbox killed
+from outside raises `SandboxKilled` in `Workspace.run_command` (the episode resumes from its last
+completed turn).
 
 When we run as root, bubblewrap runs privileged and the command drops to a dedicated unprivileged
 uid/gid (one per workspace) with no capabilities and no_new_privs via `setpriv`; that makes the
@@ -444,8 +448,8 @@ class PersistentShell:
                                        limits.max_output_bytes,
                                        kill_after_bytes=max(8 * limits.max_output_bytes, 1 << 20),
                                        stop_marker=marker.encode(),
-                                       leader=self._proc if self._can_kill_all and
-                                       self.sandbox.backend == SandboxBackend.BWRAP else None)
+                                       leader=self._proc if self.sandbox.backend ==
+                                       SandboxBackend.BWRAP else None)
         cut = kept.find(("\n" + marker).encode())
         if cut >= 0:
             kept = kept[:cut]

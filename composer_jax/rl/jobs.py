@@ -9,8 +9,10 @@ which keeps it on disk); a job whose worker died comes back with its newest chec
 a sandbox (`EpisodeInterrupted`) resumes from its last checkpoint on the same worker; after
 `MAX_RESUMES` interruptions in a row without a later turn checkpointed in between it is an error
 rollout.
-The rollout's `info["interruptions"]` counts the in-place resumes, `info["interrupted_by"]` names
-each one's exception ("EngineUnavailable", "SandboxKilled")."""
+The rollout's `info["interruptions"]` counts the in-place restarts on the worker that finished it,
+`info["interrupted_by"]` names each one's exception ("EngineUnavailable", "SandboxKilled"); every
+resume from a checkpoint, on any worker, is in `info["resumed_at_turns"]` with its cause in
+`info["resumed_by"]` (one of those, or "worker_died")."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +26,7 @@ from composer_jax.rl.stream import rollout_id
 
 TRAIN, EVAL = "train", "eval"
 MAX_RESUMES = 8                # in-place resumes in a row without progress (engine/sandbox died)
+WORKER_DIED = "worker_died"    # the cause of a resume on another worker (`Job.resume`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +66,10 @@ def run_job(program: RLProgram, job: Job, policy: PolicyClient, worker: str = ""
         before = _turn(latest["data"])
         try:
             if "checkpoint" in kw:
-                kw["resume"] = (EpisodeCheckpoint.from_bytes(latest["data"])
-                                if latest["data"] is not None else None)
+                kw["resume"] = None
+                if latest["data"] is not None:
+                    kw["resume"] = EpisodeCheckpoint.from_bytes(latest["data"])
+                    kw["resume"].state["cause"] = causes[-1] if causes else WORKER_DIED
             r = program.run_episode(job.task_id, job.seed, policy, greedy=job.kind == EVAL, **kw)
             r.group_id, r.rollout_id = job.group_id, job.rollout_id
         except Exception as e:  # noqa: BLE001  (every episode failure is data, not a crash)

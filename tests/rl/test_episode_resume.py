@@ -68,6 +68,7 @@ def _kill_and_resume(pool, job, kills):
     _, res = _result(pool)
     assert res.error is None, res.error
     assert res.info["resumed_at_turns"] == [1] and res.info["worker_deaths"] == 1
+    assert res.info["resumed_by"] == ["worker_died"]
     return res
 
 
@@ -234,6 +235,7 @@ def test_engine_failure_resumes_in_place():
     assert r.info["interrupted_by"] == ["EngineUnavailable"] * 2
     # turns 1 and 2, then each resume on record (a second resume from turn 2 keeps the first)
     assert r.info["resumed_at_turns"] == [2, 2] and saved == ["g-s000"] * 4
+    assert r.info["resumed_by"] == ["EngineUnavailable"] * 2
     _same_tokens(r, ref)
 
 

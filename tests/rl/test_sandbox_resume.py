@@ -120,7 +120,7 @@ def test_sigkilled_sandbox_resumes_from_last_turn_with_its_workspace(tmp_path):
     # plan: 1 run the test (writes scratch/before.txt), 2 the fix, 3 the test again (killed), 4 finish
     assert r.error is None, r.error
     assert r.info["interruptions"] == 1 and r.info["interrupted_by"] == ["SandboxKilled"]
-    assert r.info["resumed_at_turns"] == [2]
+    assert r.info["resumed_at_turns"] == [2] and r.info["resumed_by"] == ["SandboxKilled"]
     assert r.info["num_turns"] == 4 and r.info["stop_reason"] == "finish"
     assert r.reward["resolved"] == 1.0 and r.info["resolved"]   # the restored fix was graded
     assert r.info["resumed_tokens_saved"] == [saved[1].generated]
