@@ -202,7 +202,8 @@ def tally(workdir: pathlib.Path) -> dict:
     from composer_jax.rl.stream import RolloutLog
     out = dict(rollouts=0, resumed_rollouts=0, turns_resumed=0, tokens_saved=0,
                tokens_regenerated_max=0, restarts_from_scratch=0, sampled_tokens=0,
-               resolved=0, resumed_resolved=0, multi_turn=0, tool_calls=0, resumed_by={})
+               resolved=0, resumed_resolved=0, multi_turn=0, tool_calls=0, resumed_by={},
+               interrupted_by={}, errors=[])
     for logged in RolloutLog(workdir / "rollouts").scan():
         r = Rollout.load(logged.path)
         out["rollouts"] += 1
@@ -219,6 +220,12 @@ def tally(workdir: pathlib.Path) -> dict:
         out["tool_calls"] += r.info.get("num_calls", 0)
         for cause in by:
             out["resumed_by"][cause] = out["resumed_by"].get(cause, 0) + 1
+        for cause in r.info.get("interrupted_by", []):
+            out["interrupted_by"][cause] = out["interrupted_by"].get(cause, 0) + 1
+        if r.error is not None:
+            out["errors"].append(f"{r.rollout_id}: {r.error.splitlines()[0][:120]} (in-place "
+                                 f"restarts {r.info.get('interruptions', 0)}, completed turns "
+                                 f"{r.info.get('num_turns', 0)})")
         for k in at:                       # the turn in flight when it was interrupted
             if k < len(turns):
                 out["tokens_regenerated_max"] += turns[k].sample_end - turns[k].sample_start
@@ -313,6 +320,7 @@ def main(argv=None) -> dict:
 
     from composer_jax.rl.audit import audit_run
     from composer_jax.rl.driver import run_rl
+    from composer_jax.rl.jobs import MAX_RESUMES
     from composer_jax.rl.settings import settings_from_config
     from composer_jax.rl.task_program import task_program_spec
     from composer_jax.rl.weights import WeightSyncSettings
@@ -374,6 +382,8 @@ def main(argv=None) -> dict:
         f"turns resumed: {t['turns_resumed']} (in {t['resumed_rollouts']} rollouts), by cause: "
         f"{json.dumps(t['resumed_by'], sort_keys=True)}; restarts from scratch (no checkpoint "
         f"yet): {t['restarts_from_scratch']}",
+        f"in-place restarts (from a checkpoint or from scratch) on the workers that finished the "
+        f"episodes, by cause: {json.dumps(t['interrupted_by'], sort_keys=True)}",
         f"sampled tokens: {t['sampled_tokens']}; saved by resuming: {t['tokens_saved']}; "
         f"regenerated (at most): {t['tokens_regenerated_max']} (from scratch, the interrupted "
         f"episodes would have sampled up to {t['tokens_saved'] + t['tokens_regenerated_max']} "
@@ -385,9 +395,14 @@ def main(argv=None) -> dict:
             f"{t['tool_calls']}; resolved {t['resolved']}/{t['rollouts']}; resumed episodes "
             f"resolved {t['resumed_resolved']}/{t['resumed_rollouts']} (a resumed episode "
             f"resolves only with its workspace restored from the checkpoint)")
+    lines += [f"error rollout {e}" for e in t["errors"]]
+    if t["errors"]:
+        lines.append(f"(run_job gives up on an episode after {MAX_RESUMES} interruptions in a row "
+                     f"without a new turn checkpointed; its error rollout is logged and trained "
+                     f"with reward 0, not lost)")
     lines += [
         f"audit: {json.dumps(audit)}",
-        f"lost: 0 (every consumed group complete in the log), trained twice: 0 "
+        "lost: 0 (every consumed group complete in the log), trained twice: 0 "
         "(audit_run passed)",
     ]
     text = "\n".join(lines) + "\n"
