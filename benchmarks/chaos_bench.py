@@ -8,9 +8,11 @@ found in /proc among the rollout workers' descendants: `env.sandbox.running_sand
     PYTHONPATH=$PWD python benchmarks/chaos_bench.py --family coding \
         --out benchmarks/results/chaos_bench_coding.txt
 
-Reports: rollouts finished, error rollouts (an interruption that did not resume would be one),
-worker deaths, engine restarts and sandbox kills, turns resumed (episodes continued from a
-checkpoint, by a replacement worker or in place after an engine restart or a sandbox kill),
+Reports: rollouts finished, error rollouts (with their reasons: an episode interrupted
+`rl.jobs.MAX_RESUMES` times in a row without a new turn checkpointed is given up), worker deaths,
+engine restarts and sandbox kills, turns resumed (episodes continued from a checkpoint, by a
+replacement worker or in place after an engine restart or a sandbox kill; by cause, from the
+rollouts' `resumed_by`),
 sampled tokens saved by resuming (the checkpoints' recorded tokens, which a from-scratch re-run
 would have sampled again) against the tokens regenerated (an upper bound: all sampled tokens of
 the turn in flight at each interruption, and of turn 1 of episodes that had no checkpoint yet),
