@@ -42,6 +42,15 @@ class EngineUnavailable(EpisodeInterrupted):
     """A call to the policy server failed (the engine service died or restarted)."""
 
 
+def is_interruption(exc: BaseException) -> bool:
+    """True for a failure outside the policy that a resume from the last checkpoint survives:
+    `EpisodeInterrupted` (the engine) or `env.sandbox.SandboxKilled` (a tool call's sandbox was
+    killed from outside; the resumed episode gets a fresh workspace restored from the checkpoint
+    and runs the interrupted turn again)."""
+    from composer_jax.env.sandbox import SandboxKilled
+    return isinstance(exc, (EpisodeInterrupted, SandboxKilled))
+
+
 @dataclasses.dataclass
 class EpisodeCheckpoint:
     """One episode after `turn` completed assistant turns (module docstring)."""

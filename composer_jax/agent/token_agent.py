@@ -15,12 +15,15 @@ segment ends with a summary turn and a new segment restarts from system prompt +
 (`composer_jax.agent.summarize`). Tools, grading and reward go through the environment's public API
 (`open_workspace`, `grade_workspace`, `compute_reward`). A crash becomes an error rollout (reward
 0) with the segments recorded so far; one caused outside the policy (`EpisodeInterrupted`: the
-engine or a sandbox died) says so in `info["interrupted"]`.
+engine died; `SandboxKilled`: a tool call's sandbox was killed) says so in `info["interrupted"]`.
 
 Checkpoints and resume (`agent.episode_checkpoint`): with `checkpoint=sink`, every completed turn
 hands the sink an `EpisodeCheckpoint`; `resume=checkpoint` continues an episode from one on a
 fresh engine session (the recorded prefix is fed as recorded ids) and a fresh workspace (the
-checkpoint's state restored); the rollout's `info["resumed_at_turns"]` lists where it resumed.
+checkpoint's state restored), and hands the sink the same turn again with the resume recorded (so
+every resume shows, also when an episode resumes from one turn more than once); the rollout's
+`info["resumed_at_turns"]` lists where it resumed, `info["resumed_by"]` why (the cause its caller
+wrote into the checkpoint's `state["cause"]`, e.g. `rl.jobs.run_job`).
 
 The turns run in the one episode loop (`agent.episode.run_loop`), the same loop as the text-level
 episodes. A policy decides how each turn is generated: `sampling_policy` samples with the
@@ -40,7 +43,7 @@ from typing import Callable
 
 from composer_jax.agent import summarize
 from composer_jax.agent.episode import LoopState, initial_messages, run_loop
-from composer_jax.agent.episode_checkpoint import (EpisodeCheckpoint, EpisodeInterrupted,
+from composer_jax.agent.episode_checkpoint import (EpisodeCheckpoint, is_interruption,
                                                    restore_workspace, workspace_state)
 from composer_jax.agent.rollout import (END_EPISODE, END_SUMMARIZED, Rollout, Segment,
                                         SegmentBuilder)
@@ -258,7 +261,7 @@ class TokenAgent:
         except Exception as exc:   # noqa: BLE001 - a crashed episode becomes an error rollout
             if seg and len(seg[-1].builder):     # the open segment (its session ends below)
                 ep.segments.append(seg[-1].builder.build(END_EPISODE))
-            if isinstance(exc, EpisodeInterrupted):
+            if is_interruption(exc):
                 ep.info["interrupted"] = True
             why = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
             return Rollout.failed(task_id, group_id, why, ep.segments, rollout_id=rid,
@@ -271,6 +274,9 @@ class TokenAgent:
                  segs: list[_Seg], checkpoint=None, resume: EpisodeCheckpoint | None = None) -> None:
         turns = _TokenTurns(self, rid, ep, segs, initial)
         state = turns.restore(resume) if resume is not None else LoopState()
+        if resume is not None and checkpoint is not None:
+            checkpoint(turns.checkpoint(state, ws))   # the resume on record: a later resume from
+                                                      # this turn keeps it in resumed_at_turns
 
         def on_turn(loop: LoopState) -> None:
             checkpoint(turns.checkpoint(loop, ws))
@@ -511,13 +517,14 @@ class _EpisodeState:
     _SAVED = ("start_time", "timing", "turns", "generated", "summaries", "content_tokens",
               "tool_call_tokens", "tool_output_tokens", "last_content_tokens",
               "final_from_content", "finish_reasons", "claimed", "info", "messages",
-              "resumed_at", "resumed_tokens")
+              "resumed_at", "resumed_tokens", "resumed_by")
 
     def __init__(self, start_time: float, t0: float):
         self.start_time, self.t0 = start_time, t0
         self.task_id = ""
         self.resumed_at: list[int] = []          # completed turns at each resume
         self.resumed_tokens: list[int] = []      # sampled tokens recorded at each resume
+        self.resumed_by: list[str] = []          # why each resume happened (ck.state["cause"])
         self.segments: list[Segment] = []
         self.messages: list[list[dict]] = []
         self.timing = {"generate_s": 0.0, "tools_s": 0.0, "grade_s": 0.0}
@@ -542,10 +549,12 @@ class _EpisodeState:
         st = ck.state["ep"]
         ep = cls(st["start_time"], time.monotonic() - st["elapsed_s"])
         for k in cls._SAVED:
-            setattr(ep, k, st[k])
+            if k in st:
+                setattr(ep, k, st[k])
         ep.segments = list(ck.segments[:-1])
         ep.resumed_at = list(ep.resumed_at) + [ck.turn]
         ep.resumed_tokens = list(ep.resumed_tokens) + [ep.generated]
+        ep.resumed_by = list(ep.resumed_by) + [str(ck.state.get("cause", ""))]
         return ep
 
     def count_turn(self, body: list[int], call_ids: set[int]) -> None:
@@ -568,4 +577,5 @@ class _EpisodeState:
         if self.resumed_at:
             info["resumed_at_turns"] = list(self.resumed_at)
             info["resumed_tokens_saved"] = list(self.resumed_tokens)
+            info["resumed_by"] = list(self.resumed_by)
         return info

@@ -45,6 +45,27 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def kill_pipe_writers(fd: int) -> int:
+    """SIGKILLs every other process holding the pipe that `fd` (our read end) belongs to, found
+    in /proc (Linux); returns how many."""
+    try:
+        pipe = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return 0
+    me, killed = os.getpid(), 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+            if any(os.readlink(f"/proc/{name}/fd/{f}") == pipe for f in fds):
+                os.kill(int(name), signal.SIGKILL)
+                killed += 1
+        except (OSError, ValueError):      # gone meanwhile, or not ours to look at
+            continue
+    return killed
+
+
 def close_process(proc: subprocess.Popen) -> None:
     """Kills a process group started with pipes, reaps the leader and closes its pipes."""
     kill_group(proc)
@@ -58,21 +79,33 @@ def close_process(proc: subprocess.Popen) -> None:
 
 
 def drain(fd: int, deadline: float, max_output_bytes: int, kill_after_bytes: int,
-          stop_marker: bytes | None = None) -> tuple[bytes, int, str, bytes]:
+          stop_marker: bytes | None = None,
+          leader: subprocess.Popen | None = None) -> tuple[bytes, int, str, bytes]:
     """Reads `fd` until EOF, the deadline, `kill_after_bytes`, or `stop_marker` appears.
 
     Returns (kept bytes, total bytes, why, marker line) with why in {"eof", "timeout", "overflow",
     "marker"}. The marker is looked for in a rolling window, so a long output cannot hide it; the
-    kept bytes may contain the start of the marker line, which the caller strips.
+    kept bytes may contain the start of the marker line, which the caller strips. `leader`: a
+    process nothing writing `fd` may outlive (a bubblewrap sandbox's outer process); when it has
+    been gone for 0.1 s and `fd` is still open, every process still holding the pipe is killed
+    (`kill_pipe_writers`: e.g. the sandbox's inner bwrap, orphaned by a SIGKILL of the outer one
+    in the moment before bwrap arms --die-with-parent, which would run on or hang).
     """
     kept = bytearray()
     total = 0
     tail = b""
+    gone, orphans_killed = None, False
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return bytes(kept), total, "timeout", b""
-        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if leader is not None and not orphans_killed:
+            if gone is None:
+                gone = time.monotonic() if leader.poll() is not None else None
+            elif time.monotonic() - gone > 0.1:
+                orphans_killed = True
+                kill_pipe_writers(fd)
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0 if leader is None else 0.05))
         if not ready:
             continue
         chunk = os.read(fd, 65536)
@@ -101,8 +134,11 @@ def drain(fd: int, deadline: float, max_output_bytes: int, kill_after_bytes: int
 
 def run_process(argv: Sequence[str], *, timeout_s: float, max_output_bytes: int,
                 env: Mapping[str, str] | None = None, cwd: str | None = None,
-                user: int | None = None, stdin_data: bytes | None = None) -> ProcResult:
-    """Runs argv to completion (or the deadline) in its own session; returns a ProcResult."""
+                user: int | None = None, stdin_data: bytes | None = None,
+                output_dies_with_leader: bool = False) -> ProcResult:
+    """Runs argv to completion (or the deadline) in its own session; returns a ProcResult.
+    `output_dies_with_leader`: nothing writing the output may outlive argv's process (a
+    bubblewrap sandbox; `drain`'s `leader`)."""
     start = time.monotonic()
     kwargs = {}
     if user is not None:
@@ -118,7 +154,8 @@ def run_process(argv: Sequence[str], *, timeout_s: float, max_output_bytes: int,
             except BrokenPipeError:
                 pass
         kept, total, why, _ = drain(proc.stdout.fileno(), start + timeout_s, max_output_bytes,
-                                 kill_after_bytes=max(8 * max_output_bytes, 1 << 20))
+                                 kill_after_bytes=max(8 * max_output_bytes, 1 << 20),
+                                 leader=proc if output_dies_with_leader else None)
         if why != "eof":
             kill_group(proc)
         else:

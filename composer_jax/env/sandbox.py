@@ -5,7 +5,11 @@ with the host system mounted read-only (/usr, the CPython installs, our helper s
 /tmp of bounded size, a fresh /proc, minimal /dev, and only the workspace writable at /workspace.
 The new network namespace has no interface but its own loopback, so nothing on the host
 (127.0.0.1 included) or beyond is reachable. Killing the sandbox's outer process kills its pid
-namespace (--die-with-parent), so nothing outlives a command or an episode.
+namespace (--die-with-parent), so nothing outlives a command or an episode (a SIGKILL landing
+before bwrap has armed it leaves the inner bwrap running; `Sandbox.run` and the persistent shell
+then kill whatever still holds the command's output: `procio.drain`'s `leader`). A sandbox killed
+from outside raises `SandboxKilled` in `Workspace.run_command` (the episode resumes from its last
+completed turn).
 
 When we run as root, bubblewrap runs privileged and the command drops to a dedicated unprivileged
 uid/gid (one per workspace) with no capabilities and no_new_privs via `setpriv`; that makes the
@@ -30,6 +34,7 @@ import os
 import pathlib
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,6 +60,23 @@ FALLBACK_WARNING = (
 
 class SandboxError(ComposerError):
     """The sandbox could not be set up (e.g. bwrap requested but missing)."""
+
+
+class SandboxKilled(SandboxError):
+    """The sandbox of a command was killed from outside (its bubblewrap process got SIGKILL: an
+    operator, the OOM killer of the host, a chaos run), not by the command or by our limits. Not a
+    result to show the agent: the episode is interrupted (it can resume from its last completed
+    turn, `agent.episode_checkpoint`)."""
+
+
+def killed_from_outside(result: ProcResult, backend: SandboxBackend) -> bool:
+    """True if `result` is a bubblewrap sandbox killed by SIGKILL from outside. Inside, a command
+    killed by any signal (itself, `kill -9 -1`, rlimits) makes bwrap exit with 128 + signal, and
+    our own kills (timeout, output flood) are flagged; only a SIGKILL of the bwrap process itself
+    makes the exit status -SIGKILL. The fallback backend cannot tell (its command is the process),
+    so it never says so."""
+    return (backend == SandboxBackend.BWRAP and result.exit_code == -signal.SIGKILL
+            and not result.timed_out and not result.killed_for_output)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,7 +334,8 @@ class Sandbox:
         return run_process(self.argv(command), env=self.env(),
                            timeout_s=timeout_s or self.limits.timeout_s,
                            max_output_bytes=max_output_bytes or self.limits.max_output_bytes,
-                           cwd=str(self.host_dir), stdin_data=stdin_data)
+                           cwd=str(self.host_dir), stdin_data=stdin_data,
+                           output_dies_with_leader=self.backend == SandboxBackend.BWRAP)
 
     def spawn(self, command: str) -> int:
         """Starts `command` in the background (output discarded); returns its job number."""
@@ -334,6 +357,50 @@ class Sandbox:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if self._home.exists():
             shutil.rmtree(self._home, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningSandbox:
+    """A running bubblewrap sandbox (its outer bwrap process): `workspace` is the host directory
+    mounted at /workspace, `script` the bash script it runs (the command after the ulimit line)."""
+    pid: int
+    workspace: str
+    script: str
+
+
+def _proc_parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def running_sandboxes(under: tuple[int, ...] = ()) -> list[RunningSandbox]:
+    """The bubblewrap sandboxes running now (from /proc), each by its outer bwrap process, whose
+    SIGKILL kills the whole sandbox (--die-with-parent); with `under`, only those descending from
+    one of these pids (e.g. a run's rollout workers). Linux only; [] where /proc has none."""
+    out = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+            if not argv or os.path.basename(argv[0]) != b"bwrap":
+                continue
+            pid, chain = int(entry.name), []
+            parent = _proc_parent(pid)
+            if (pathlib.Path(f"/proc/{parent}/comm").read_text().strip() == "bwrap"):
+                continue                               # the inner bwrap of a pid namespace
+            while parent > 1 and under:
+                chain.append(parent)
+                parent = _proc_parent(parent)
+        except (OSError, ValueError, IndexError):     # exited meanwhile
+            continue
+        if under and not set(chain) & set(under):
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        ws = next((args[i - 1] for i in range(2, len(args))
+                   if args[i] == SANDBOX_WORKSPACE and args[i - 2] == "--bind"), "")
+        out.append(RunningSandbox(pid, ws, args[-1].split("\n", 2)[-1]))
+    return out
 
 
 class PersistentShell:
@@ -380,7 +447,9 @@ class PersistentShell:
         kept, total, why, tail = drain(self._proc.stdout.fileno(), start + timeout_s,
                                        limits.max_output_bytes,
                                        kill_after_bytes=max(8 * limits.max_output_bytes, 1 << 20),
-                                       stop_marker=marker.encode())
+                                       stop_marker=marker.encode(),
+                                       leader=self._proc if self.sandbox.backend ==
+                                       SandboxBackend.BWRAP else None)
         cut = kept.find(("\n" + marker).encode())
         if cut >= 0:
             kept = kept[:cut]
@@ -391,8 +460,14 @@ class PersistentShell:
             except ValueError:
                 code = -1
         else:
+            if why == "eof":       # the shell ended: by `exit` (its status), or killed from outside
+                try:
+                    code = 1 if self._proc.wait(timeout=5) != -signal.SIGKILL else -signal.SIGKILL
+                except subprocess.TimeoutExpired:
+                    code = 1
+            else:
+                code = -9
             self.close()
-            code = -9 if why != "eof" else 1
             self._restarted_note = ("[the shell was restarted: working directory and variables "
                                     "were reset]\n")
         text = note + kept.decode("utf-8", errors="replace")

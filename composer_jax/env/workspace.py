@@ -22,8 +22,8 @@ from typing import Iterator
 from composer_jax.env.config import EnvConfig, SandboxBackend, ShellMode
 from composer_jax.env.hide import mounted_roots, overlays
 from composer_jax.env.pythons import get_python
-from composer_jax.env.sandbox import (Limits, PersistentShell, Sandbox, allocate_uid, resolve_backend,
-                                      sandbox_python)
+from composer_jax.env.sandbox import (Limits, PersistentShell, Sandbox, SandboxKilled, allocate_uid,
+                                      killed_from_outside, resolve_backend, sandbox_python)
 from composer_jax.env.tools import ToolResult, dispatch
 from composer_jax.env.tools.search import iter_files
 
@@ -111,10 +111,16 @@ class Workspace:
         return result
 
     def run_command(self, command: str, *, timeout_s: float | None = None):
-        """Runs a shell command in the sandbox (persistent shell if configured)."""
+        """Runs a shell command in the sandbox (persistent shell if configured). SandboxKilled
+        when the sandbox was killed from outside during the command (no result to show)."""
         if self.shell is not None:
-            return self.shell.run(command, timeout_s=timeout_s)
-        return self.sandbox.run(command, timeout_s=timeout_s)
+            r = self.shell.run(command, timeout_s=timeout_s)
+        else:
+            r = self.sandbox.run(command, timeout_s=timeout_s)
+        if killed_from_outside(r, self.backend):
+            raise SandboxKilled(f"the sandbox of the command {command[:80]!r} was killed from "
+                                f"outside (SIGKILL) after {r.duration_s:.1f}s")
+        return r
 
     def give_to_sandbox(self, path: pathlib.Path) -> None:
         """Makes a file the host tools created editable by sandboxed commands."""

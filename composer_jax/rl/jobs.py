@@ -7,7 +7,12 @@ turn's checkpoint goes to `save(rollout_id, bytes)` (a process worker sends it t
 which keeps it on disk); a job whose worker died comes back with its newest checkpoint in
 `Job.resume` and continues from there on another worker. An episode interrupted by the engine or
 a sandbox (`EpisodeInterrupted`) resumes from its last checkpoint on the same worker; after
-`MAX_RESUMES` interruptions in a row without a new checkpoint in between it is an error rollout."""
+`MAX_RESUMES` interruptions in a row without a later turn checkpointed in between it is an error
+rollout.
+The rollout's `info["interruptions"]` counts the in-place restarts on the worker that finished it,
+`info["interrupted_by"]` names each one's exception ("EngineUnavailable", "SandboxKilled"); every
+resume from a checkpoint, on any worker, is in `info["resumed_at_turns"]` with its cause in
+`info["resumed_by"]` (one of those, or "worker_died")."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +26,7 @@ from composer_jax.rl.stream import rollout_id
 
 TRAIN, EVAL = "train", "eval"
 MAX_RESUMES = 8                # in-place resumes in a row without progress (engine/sandbox died)
+WORKER_DIED = "worker_died"    # the cause of a resume on another worker (`Job.resume`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +61,15 @@ def run_job(program: RLProgram, job: Job, policy: PolicyClient, worker: str = ""
             latest["data"] = data
         kw["checkpoint"] = checkpoint
     interruptions = stuck = 0
+    causes = []                # the exception type of each interruption ("SandboxKilled", ...)
     while True:
-        before = latest["data"]
+        before = _turn(latest["data"])
         try:
             if "checkpoint" in kw:
-                kw["resume"] = (EpisodeCheckpoint.from_bytes(latest["data"])
-                                if latest["data"] is not None else None)
+                kw["resume"] = None
+                if latest["data"] is not None:
+                    kw["resume"] = EpisodeCheckpoint.from_bytes(latest["data"])
+                    kw["resume"].state["cause"] = causes[-1] if causes else WORKER_DIED
             r = program.run_episode(job.task_id, job.seed, policy, greedy=job.kind == EVAL, **kw)
             r.group_id, r.rollout_id = job.group_id, job.rollout_id
         except Exception as e:  # noqa: BLE001  (every episode failure is data, not a crash)
@@ -69,10 +78,11 @@ def run_job(program: RLProgram, job: Job, policy: PolicyClient, worker: str = ""
                                info={"traceback": traceback.format_exc(limit=8)[-4000:]})
         if not (r.info.get("interrupted") and "checkpoint" in kw):
             break
-        stuck = 1 if latest["data"] is not before else stuck + 1   # a new checkpoint: progress
+        stuck = 1 if _turn(latest["data"]) > before else stuck + 1   # a later turn: progress
         if stuck > MAX_RESUMES:
             break
         interruptions += 1
+        causes.append((r.error or "").split(":", 1)[0])
         time.sleep(min(0.2 * 2 ** (stuck - 1), 5.0))     # the engine or sandbox is coming back
     r.timing.setdefault("start_time", t0)
     r.timing["episode_s"] = time.time() - t0
@@ -82,4 +92,10 @@ def run_job(program: RLProgram, job: Job, policy: PolicyClient, worker: str = ""
         r.info["worker_deaths"] = job.attempt
     if interruptions:
         r.info["interruptions"] = interruptions
+        r.info["interrupted_by"] = causes
     return r
+
+
+def _turn(data: bytes | None) -> int:
+    """The completed turns of a checkpoint (0 without one)."""
+    return EpisodeCheckpoint.from_bytes(data).turn if data is not None else 0

@@ -68,6 +68,7 @@ def _kill_and_resume(pool, job, kills):
     _, res = _result(pool)
     assert res.error is None, res.error
     assert res.info["resumed_at_turns"] == [1] and res.info["worker_deaths"] == 1
+    assert res.info["resumed_by"] == ["worker_died"]
     return res
 
 
@@ -136,12 +137,12 @@ def test_sigkilled_worker_resumes_from_last_turn(tmp_path):
 
 class _Engine:
     """A scripted engine: turn i samples texts[i] (+ <|im_end|>) with distinct log-probs;
-    `fail_at`: the request index whose wait raises once (the engine died)."""
+    `fail_at`: the request indices whose wait raises (the engine died)."""
 
-    def __init__(self, tok, texts, fail_at=None):
+    def __init__(self, tok, texts, fail_at=()):
         import types
         from composer_jax.agent import lookup as lk
-        self.tok, self.texts, self.fail_at = tok, list(texts), fail_at
+        self.tok, self.texts, self.fail_at = tok, list(texts), set(fail_at)
         self.fed, self.sessions, self.ended = [], [], []
         self.cfg = types.SimpleNamespace(max_len=191)
         self.model_cfg = types.SimpleNamespace(vocab_size=lk.VOCAB_SIZE)
@@ -156,8 +157,8 @@ class _Engine:
         import types
         from composer_jax.agent.episode_checkpoint import EngineUnavailable
         from composer_jax.env import protocol
-        if rid == self.fail_at:
-            self.fail_at = None
+        if rid in self.fail_at:
+            self.fail_at.discard(rid)
             raise EngineUnavailable("the engine died")
         turn = params_turn = self.turn
         self.turn += 1
@@ -219,7 +220,7 @@ def test_engine_failure_resumes_in_place():
     task = lk.make_tasks(1, 0, "train")[0]
     tok = fam.tokenizer()
     ref = fam.episode(_Engine(tok, _texts(task)), task, 7, greedy=False)
-    eng = _Engine(tok, _texts(task), fail_at=2)      # turn 3's request: after 2 checkpoints
+    eng = _Engine(tok, _texts(task), fail_at=(2, 3))   # turn 3's request, twice: after 2 turns
 
     class Program:
         resumable = True
@@ -230,8 +231,11 @@ def test_engine_failure_resumes_in_place():
     saved = []
     r = run_job(Program(), Job("g", 0, task.task_id, 7), None, "w",
                 save=lambda rid, data: saved.append(rid))
-    assert r.error is None and r.info["interruptions"] == 1
-    assert r.info["resumed_at_turns"] == [2] and saved == ["g-s000"] * 2
+    assert r.error is None and r.info["interruptions"] == 2
+    assert r.info["interrupted_by"] == ["EngineUnavailable"] * 2
+    # turns 1 and 2, then each resume on record (a second resume from turn 2 keeps the first)
+    assert r.info["resumed_at_turns"] == [2, 2] and saved == ["g-s000"] * 4
+    assert r.info["resumed_by"] == ["EngineUnavailable"] * 2
     _same_tokens(r, ref)
 
 

@@ -83,9 +83,13 @@ class CodingFamily(TaskFamily):
                                 record_messages=False,
                                 resume_replay=rl.resume_mode.value == "replay")
         agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.cfg.env,
-                           policy=SeededTurns(seed))
+                           policy=self.turn_policy(task_id, seed))
         # a crashed episode comes back as an error rollout (reward 0, reason kept), never raises
         return agent.run(task, self.pool.task_dir(task_id), checkpoint=checkpoint, resume=resume)
+
+    def turn_policy(self, task_id: str, seed: int):
+        """How the episode's turns are generated: sampled with a seed per (episode, turn)."""
+        return SeededTurns(seed)
 
     def engine_settings(self) -> dict:
         return {**super().engine_settings(), "max_len": self.cfg.rl.seq_len - 1,
