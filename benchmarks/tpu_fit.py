@@ -35,6 +35,14 @@ ROWS = [
     ("cpt_256k_v5p_8x8x4", "cpt_256k", "v5p:8x8x4", []),
     ("cpt_32k_v6e_16x16", "cpt_32k", "v6e:16x16", []),
     ("cpt_256k_v6e_16x16", "cpt_256k", "v6e:16x16", []),
+    # the default meshes that XLA:TPU refused as over HBM, again with half (or a quarter) the
+    # tokens per device per microbatch: more context shards, fewer expert shards, more microbatches
+    ("cpt_256k_v5p_8x8x4_ctx64", "cpt_256k", "v5p:8x8x4", ["mesh.context=64", "mesh.expert=4",
+                                                          "train.microbatches=64"]),
+    ("cpt_32k_v5p_8x8x4_ctx8", "cpt_32k", "v5p:8x8x4", ["mesh.context=8", "mesh.expert=32",
+                                                       "train.microbatches=64"]),
+    ("cpt_32k_v6e_16x16_ctx16", "cpt_32k", "v6e:16x16",
+     ["mesh.context=16", "mesh.expert=16", "train.microbatches=128"]),
 ]
 
 
@@ -134,6 +142,12 @@ def kernel_table() -> str:
             + "\n".join(lines) + "\n")
 
 
+def oom_report(err):
+    sys.path.insert(0, str(ROOT))
+    from composer_jax.parallel.aot import oom_report as report
+    return report(err)
+
+
 def _gib(n) -> str:
     return "n/a" if n is None else f"{n / 2**30:.1f}"
 
@@ -172,8 +186,13 @@ def table() -> str:
         if mem:
             used = (f"**{_gib(pdb['total'])} GiB** ({_gib(mem['argument_size_in_bytes'])} + "
                     f"{_gib(mem['temp_size_in_bytes'])})")
-        else:
-            used = f"**{_gib(pdb['total'])} GiB** (refused: over HBM)"
+        else:       # XLA:TPU refused the step: what its message says it needed
+            oom = oom_report(Exception(r["compile_error"]["message"])) or {}
+            args = pdb["params"] + pdb["optimizer"] + pdb["batch"]
+            total = pdb["total"] or (oom.get("temps") and args + oom["temps"])
+            used = (f"**{_gib(total)} GiB** ({_gib(args)} + {_gib(oom.get('temps'))}; "
+                    f"refused: over HBM)")
+            r["fits_hbm"] = False
         cpu = _cpu_estimate(name, exp, r)
         fits = {True: "yes", False: "**no**", None: "?"}[r["fits_hbm"]]
         lines.append(f"| {exp} | `{topo}` ({t['num_chips']} / {t['num_devices']}) | {mesh} | "

@@ -130,7 +130,8 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
         "largest_buffers": plan["largest_buffers"],
         "memory_analysis": plan["memory_analysis"],
         "compile_seconds": plan["compile_seconds"],
-        "fits_hbm": (None if target["hbm_bytes_per_device"] is None
+        "fits_hbm": (False if plan.get("compile_error") else None
+                     if target["hbm_bytes_per_device"] is None
                      or plan["per_device_bytes"]["total"] is None
                      else plan["per_device_bytes"]["total"] <= target["hbm_bytes_per_device"]),
         "compile_error": plan.get("compile_error"),

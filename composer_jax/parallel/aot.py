@@ -87,17 +87,23 @@ def target_info(name: str, devices: list) -> dict:
 
 
 def oom_report(err: Exception) -> dict | None:
-    """{used, limit, message} when XLA:TPU refused a program for exceeding HBM, else None."""
+    """{used, temps, limit, message} when XLA:TPU refused a program for exceeding HBM, else None.
+    Two message forms: "Used X of Y hbm" (used: the whole program) and "the total memory required
+    for HLO temporaries (X) exceeds available HBM (Y)" (temps: the temporaries alone)."""
     msg = str(err)
     if "RESOURCE_EXHAUSTED" not in msg and "Ran out of memory" not in msg:
         return None
-    m = re.search(r"Used ([\d.]+)([KMGT]?)(?:i?B)? of ([\d.]+)([KMGT]?)(?:i?B)? hbm", msg)
     scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    used = limit = None
+    size = lambda num, unit: int(float(num) * scale[unit])  # noqa: E731
+    used = temps = limit = None
+    m = re.search(r"Used ([\d.]+)([KMGT]?)(?:i?B)? of ([\d.]+)([KMGT]?)(?:i?B)? hbm", msg)
     if m:
-        used = int(float(m.group(1)) * scale[m.group(2)])
-        limit = int(float(m.group(3)) * scale[m.group(4)])
-    return {"used": used, "limit": limit, "message": msg[:3000]}
+        used, limit = size(m.group(1), m.group(2)), size(m.group(3), m.group(4))
+    m = re.search(r"HLO temporaries \(([\d.]+)([KMGT]?)(?:i?B)?\) exceeds available HBM "
+                  r"\(([\d.]+)([KMGT]?)(?:i?B)?\)", msg)
+    if m:
+        temps, limit = size(m.group(1), m.group(2)), size(m.group(3), m.group(4))
+    return {"used": used, "temps": temps, "limit": limit, "message": msg[:3000]}
 
 
 def compiled_memory(compiled) -> dict:

@@ -184,7 +184,10 @@ def compile_plan(cfg, dump_dir: str | None = None) -> dict:
                 "microbatches": cfg.train.microbatches, "optimizer": cfg.train.optimizer.value,
                 "master_dtype": cfg.train.master_dtype or cfg.execution.param_dtype.value,
                 "per_device_bytes": {"params": p_bytes, "optimizer": o_bytes, "activations": None,
-                                     "batch": b_bytes, "total": oom["used"]},
+                                     "batch": b_bytes,
+                                     "total": oom["used"] or (oom["temps"] and
+                                                              oom["temps"] + p_bytes + o_bytes
+                                                              + b_bytes)},
                 "memory_analysis": None, "largest_buffers": [], "collective_bytes_per_step": {},
                 "largest_collectives": [], "compile_seconds": round(time.time() - t0, 1),
                 "sharding_plan": plan, "target": target, "compile_error": oom}

@@ -97,6 +97,11 @@ def test_tpu_aot_oom_report_reads_the_tpu_compiler_message():
     r = aot.oom_report(err)
     assert (r["used"], r["limit"]) == (int(40.5 * 2**30), int(31.25 * 2**30))
     assert aot.oom_report(ValueError("shape mismatch")) is None
+    # the form of libtpu 0.12 for a train step whose temporaries alone exceed HBM (v6e:16x16 kimi)
+    r = aot.oom_report(RuntimeError(
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory "
+        "required for HLO temporaries (50.66G) exceeds available HBM (31.24G). HLO module: jit_t"))
+    assert (r["used"], r["temps"], r["limit"]) == (None, int(50.66 * 2**30), int(31.24 * 2**30))
 
 
 def test_tpu_aot_target_platform_switches_the_cpu_paths():
