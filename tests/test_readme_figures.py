@@ -30,15 +30,17 @@ def _expand(name: str) -> list[str]:
     return [m.group(1) + part.strip() + m.group(3) for part in m.group(2).split(",")]
 
 
-def _blocks() -> list[str]:
-    """Paragraphs, with every table row on its own."""
-    out = []
+def _blocks() -> list[tuple[str, str]]:
+    """(text, where its sources are named): paragraphs, and every table row on its own; a row's
+    sources are the files it names and those of the paragraph just above the table (its caption)."""
+    out, caption = [], ""
     for block in re.split(r"\n\s*\n", README):
         lines = block.splitlines()
         if lines and all(line.startswith("|") for line in lines):
-            out += lines
+            out += [(line, line + "\n" + caption) for line in lines]
         else:
-            out.append(block)
+            out.append((block, block))
+            caption = block
     return out
 
 
@@ -85,8 +87,8 @@ def test_readme_names_nothing_outside_the_repository():
 
 def test_every_readme_figure_is_in_the_results_file_it_cites():
     problems = []
-    for block in _blocks():
-        sources = _sources(block)
+    for block, named in _blocks():
+        sources = _sources(named)
         if not sources:
             continue
         have = [x for p in sources for x in _numbers(p.read_text())]
@@ -101,7 +103,7 @@ def test_the_main_command_figures_name_the_command_that_wrote_them():
     first = text.splitlines()[0]
     assert first.startswith("# written by: python benchmarks/rl_async_default.py")
     assert "launch.py --experiment=rl_async --workdir=" in first
-    cites = [b for b in _blocks() if "rl_async_default" in b]
+    cites = [b for b, _ in _blocks() if "rl_async_default" in b]
     assert cites and all("benchmarks/rl_async_default.py" in b for b in cites)
 
 
