@@ -61,9 +61,17 @@ def main() -> int:
     }
     out = pathlib.Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    ev = ", ".join(f"v{v}: held-out reward {e.get('heldout_parity_reward_mean', float('nan')):.3f} "
-                   f"resolved {e.get('eval_resolved_rate', float('nan')):.3f}"
-                   for v, e in sorted(result["eval"].items(), key=lambda kv: int(kv[0])))
+    def _eval(v: str, e: dict) -> str:
+        """One evaluation: resolved rate +- SE and the reward (lookup: eval_reward_mean; the
+        parity family's rows name it heldout_parity_reward_mean)."""
+        reward = e.get("eval_reward_mean", e.get("heldout_parity_reward_mean", float("nan")))
+        se = e.get("eval_resolved_se")
+        resolved = f"{e.get('eval_resolved_rate', float('nan')):.3f}" + (
+            f" +- {se:.3f}" if se is not None else "")
+        return f"v{v}: held-out resolved {resolved}, reward {reward:.3f}"
+
+    ev = ", ".join(_eval(v, e) for v, e in sorted(result["eval"].items(),
+                                                     key=lambda kv: int(kv[0])))
     lines = [
         f"# written by: {result['written_by']} --workdir={args.workdir} (runs the README main "
         f"command with that workdir: {result['command']})",

@@ -32,7 +32,7 @@ def test_speculative_greedy_equals_plain_greedy(depth):
     model.lm_head.value = model.embed.value.T * 0.6 + model.lm_head.value
     graphdef, state = nnx.split(model)
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    plain, _ = _run(graphdef, state, ENGINE, PROMPTS, params)
+    plain, plain_eng = _run(graphdef, state, ENGINE, PROMPTS, params)
     spec, eng = _run(graphdef, state, dataclasses.replace(ENGINE, spec_depth=depth), PROMPTS,
                      params)
     for a, b in zip(plain, spec):
@@ -43,7 +43,7 @@ def test_speculative_greedy_equals_plain_greedy(depth):
     assert len(m["acceptance_per_depth"]) == depth
     assert 0 < m["acceptance_per_depth"][0] < 1      # both accepted and rejected drafts occurred
     assert 1 < m["mean_accepted_length"] <= depth + 1
-    assert eng.stats["decode_steps"] < 11             # fewer steps than plain decoding needs
+    assert eng.stats["decode_steps"] < plain_eng.stats["decode_steps"]   # fewer steps than plain
 
 
 def _chi2_pvalue(counts, probs):
@@ -101,7 +101,8 @@ def _spec_sampling_case(n_requests: int):
     params = SamplingParams(temperature=1.0, top_k=6, max_new_tokens=3)
     eng = Engine(graphdef, state, EngineConfig(max_batch=n_requests, max_len=16,
                                                max_queue=n_requests, spec_depth=2,
-                                               prefill_batch=n_requests))
+                                               prefill_batch=n_requests,
+                                               max_finished=n_requests))
     ids = [eng.submit(prompt, dataclasses.replace(params, seed=i)) for i in range(n_requests)]
     done = eng.run()
     seqs = np.array([done[i].tokens for i in ids])

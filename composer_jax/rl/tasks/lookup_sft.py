@@ -6,6 +6,7 @@ memory and in the data cache (`lookup_sft/<key>.npz`). JAX: trainer and inferenc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import pathlib
@@ -98,12 +99,34 @@ _SFT_LOCK = threading.Lock()
 _SFT_MEM: dict[str, tuple] = {}
 
 
-def _key(cfg, salt: str = "") -> str:
+def _code_hash(train=None) -> str:
+    return _module_code_hash(getattr(train, "__module__", "") or "")
+
+
+@functools.lru_cache(maxsize=None)
+def _module_code_hash(module: str) -> str:
+    """`eval.sources.sources_hash` of the code that makes an SFT policy: this module, the
+    demonstrations (`agent/lookup.py`), a variant's own `train` module, and all they import
+    (model, loss, optimiser). A change there is a new cache entry, never a stale policy read
+    back under the old key."""
+    import sys
+
+    from composer_jax.eval.sources import sources_hash
+    root = pathlib.Path(__file__).resolve().parents[2]
+    entries = [pathlib.Path(__file__).resolve(), pathlib.Path(lk.__file__).resolve()]
+    mod = sys.modules.get(module)
+    if mod is not None and getattr(mod, "__file__", None):
+        entries.append(pathlib.Path(mod.__file__).resolve())
+    return sources_hash(root, entries)
+
+
+def _key(cfg, salt: str = "", train=None) -> str:
+    """The cache key of an SFT policy: every config field it depends on and `_code_hash`."""
     from composer_jax.config import to_dict
     rl, t = cfg.rl, cfg.rl.task
     parts = [to_dict(cfg.model), to_dict(cfg.execution), t.sft_seed, t.sft_steps, rl.seq_len,
              list(t.levels), t.num_train_tasks, cfg.train.init_std, lk.SYSTEM, lk.PREAMBLES,
-             t.sft_hasty, "v2"] + ([salt] if salt else [])
+             t.sft_hasty, "v2", _code_hash(train)] + ([salt] if salt else [])
     return hashlib.sha256(json.dumps(parts, sort_keys=True,
                                      default=str).encode()).hexdigest()[:16]
 
@@ -113,7 +136,7 @@ def initial_weights(cfg, train_tasks, salt: str = "", train=None) -> tuple[dict,
     demonstrations differ passes a cache `salt` (e.g. `rl/tasks/lookup_levels.py`) and may pass
     its own `train(cfg, train_tasks, steps) -> (params, buffers)` (default `sft_policy`)."""
     from composer_jax.config.data import resolved_cache_dir
-    key = _key(cfg, salt)
+    key = _key(cfg, salt, train)
     with _SFT_LOCK:
         if key in _SFT_MEM:
             return _SFT_MEM[key]
