@@ -83,8 +83,12 @@ def test_model_episodes_on_the_engine_service(setup):
                                             + 10.0 * r["generated_tokens"]) / 1e6)
     assert recs[0]["generated_tokens"] == recs[1]["generated_tokens"]
     assert stats["generated_tokens"] == 2 * recs[0]["generated_tokens"]
-    # the K=2 samples ran at once: one batched decode step advanced both sessions
-    assert stats["decode_steps"] <= 0.6 * stats["generated_tokens"]
+    # the K=2 samples ran at once: batched decode steps advanced both sessions. Run one after the
+    # other, every generated token but each turn's first (sampled at prefill) costs a decode step;
+    # how much overlaps depends on the sandboxes' tool-call timing (under CI load 202 steps for
+    # 336 tokens, alone about half), so the bound is "some steps were shared".
+    turns = sum(r["turns"] for r in recs)
+    assert stats["decode_steps"] < stats["generated_tokens"] - turns
     # sampled: honest numbers for a random model
     for r in sampled:
         assert not r["resolved"] and 1 <= r["turns"] <= 2 and r["prompt_tokens"] > 100
