@@ -3,24 +3,34 @@
 Loads a pretraining run whose MTP head was trained (e.g. `cpt_debug` with more steps, or
 `cpt_small`), cuts prompts from held-out code (the stdlib modules in `composer_jax.heldout`, kept
 out of the pretraining corpus), and decodes them greedily with the engine at each batch size, plain
-(spec_depth=0) and speculative (spec_depth=1: the MTP module drafts one token per step, the main
-model verifies it), side by side in one run. Reported per batch size:
+(spec_depth=0) and speculative (spec_depth=d for each d in --spec_depths, at most the model's
+mtp_depth: the MTP modules draft d tokens per step, the main model verifies them in one pass), side
+by side in one run. Reported per batch size and depth:
 
   tok/s plain, tok/s spec, speed-up   end-to-end (prefill included): the fastest of --repeats
                                       runs per mode, plain and spec interleaved, after a warm-up
-  acceptance                          drafts accepted / drafts proposed
+  acceptance                          drafts accepted / drafts proposed, per draft depth (the
+                                      depth-j rate counts drafts whose earlier drafts were accepted)
   mean_accepted_len                   tokens emitted per speculative step (bonus token included)
   step_cost                           (spec seconds / spec steps) / (plain seconds / plain steps)
   greedy_same                         prompts whose greedy tokens are identical in both modes
 
 speed-up ~= mean_accepted_len / step_cost, which says what limits it.
 
-    PYTHONPATH=$PWD python benchmarks/spec_decode_bench.py --from_run=RUN_DIR
-    # writes benchmarks/results/spec_decode_bench.txt
+The committed results come from two longer `cpt_debug` runs (about 10 and 13 minutes here):
+
+    python launch.py --experiment=cpt_debug --workdir=/tmp/cpt_debug_3k --set train.steps=3000
+    python launch.py --experiment=cpt_debug --workdir=/tmp/cpt_debug_3k_mtp2 \
+        --set train.steps=3000 --set model.mtp_depth=2
+    PYTHONPATH=$PWD python benchmarks/spec_decode_bench.py --from_run=/tmp/cpt_debug_3k
+    PYTHONPATH=$PWD python benchmarks/spec_decode_bench.py --from_run=/tmp/cpt_debug_3k_mtp2 \
+        --spec_depths=1,2 --out=benchmarks/results/spec_decode_bench_mtp2.txt
+    # default --out: benchmarks/results/spec_decode_bench.txt
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pathlib
 import sys
@@ -70,6 +80,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--from_run", required=True, help="a pretraining run's workdir (MTP trained)")
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--spec_depths", default="1", help="draft depths to measure (each at most "
+                    "the model's mtp_depth)")
     ap.add_argument("--num_prompts", type=int, default=8)
     ap.add_argument("--prompt_len", type=int, default=48)
     ap.add_argument("--new_tokens", type=int, default=64)
@@ -86,6 +98,10 @@ def main() -> None:
     model = w.model()
     if model.cfg.mtp_depth < 1:
         raise SystemExit(f"{args.from_run}'s model has no MTP module (mtp_depth=0)")
+    depths = [int(x) for x in args.spec_depths.split(",")]
+    if not depths or min(depths) < 1 or max(depths) > model.cfg.mtp_depth:
+        raise SystemExit(f"--spec_depths={args.spec_depths}: each depth must be in 1.."
+                         f"{model.cfg.mtp_depth} (the model's mtp_depth)")
     tok = load_tokenizer(w.tokenizer_path)
     prompts = heldout_prompts(tok, args.num_prompts, args.prompt_len)
     graphdef, state = nnx.split(model)
@@ -97,34 +113,37 @@ def main() -> None:
             f"{model.cfg.hidden_size}, {model.cfg.num_layers} layers, vocab {model.cfg.vocab_size}, "
             f"mtp_depth {model.cfg.mtp_depth}); greedy; {len(prompts)} held-out code prompts of "
             f"{args.prompt_len} tokens (stdlib {', '.join(sorted(HELDOUT_MODULES))}), "
-            f"{args.new_tokens} new tokens; spec = spec_depth 1",
+            f"{args.new_tokens} new tokens; spec rows by draft depth",
             f"# load at start: {uptime()}",
-            f"{'batch':>5} {'tok/s_plain':>11} {'tok/s_spec':>10} {'speed-up':>8} "
-            f"{'acceptance':>10} {'mean_accepted_len':>17} {'step_cost':>9} {'greedy_same':>11}"]
+            f"{'batch':>5} {'depth':>5} {'tok/s_plain':>11} {'tok/s_spec':>10} {'speed-up':>8} "
+            f"{'acceptance':>12} {'mean_accepted_len':>17} {'step_cost':>9} {'greedy_same':>11}"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(head) + "\n")
     print("\n".join(head), flush=True)
     for b in (int(x) for x in args.batches.split(",")):
-        base = EngineConfig(max_batch=b, max_len=args.prompt_len + args.new_tokens + 2,
+        base = EngineConfig(max_batch=b, max_len=args.prompt_len + args.new_tokens + 2 * max(depths),
                             max_queue=len(prompts), prefill_batch=b)
-        spec_cfg = EngineConfig(**{**base.__dict__, "spec_depth": 1})
-        runs = {"plain": [], "spec": []}
+        modes = {0: base} | {d: dataclasses.replace(base, spec_depth=d) for d in depths}
+        runs = {d: [] for d in modes}
         for r in range(args.repeats):          # interleaved, the first of each untimed (compiles)
-            for name, ecfg in (("plain", base), ("spec", spec_cfg)):
-                runs[name].append(timed_generation(graphdef, state, prompts, params, ecfg,
-                                                   warmup=r == 0))
-        plain, p_secs, p_eng = min(runs["plain"], key=lambda x: x[1])
-        spec, s_secs, s_eng = min(runs["spec"], key=lambda x: x[1])
-        m = s_eng.speculation_metrics()
-        p_tps, s_tps = tokens_per_second(plain, p_secs), tokens_per_second(spec, s_secs)
-        cost = (s_secs / s_eng.stats["decode_steps"]) / (p_secs / p_eng.stats["decode_steps"])
-        same = sum(a.tokens == c.tokens for a, c in zip(plain, spec))
-        line = (f"{b:>5} {p_tps:>11.1f} {s_tps:>10.1f} {s_tps / p_tps:>8.2f} "
-                f"{m['acceptance_per_depth'][0]:>10.3f} {m['mean_accepted_length']:>17.3f} "
-                f"{cost:>9.2f} {f'{same}/{len(prompts)}':>11}")
-        with out.open("a") as f:
-            f.write(line + "\n")
-        print(line, flush=True)
+            for d, ecfg in modes.items():
+                runs[d].append(timed_generation(graphdef, state, prompts, params, ecfg,
+                                                warmup=r == 0))
+        plain, p_secs, p_eng = min(runs[0], key=lambda x: x[1])
+        p_tps = tokens_per_second(plain, p_secs)
+        for d in depths:
+            spec, s_secs, s_eng = min(runs[d], key=lambda x: x[1])
+            m = s_eng.speculation_metrics()
+            s_tps = tokens_per_second(spec, s_secs)
+            cost = (s_secs / s_eng.stats["decode_steps"]) / (p_secs / p_eng.stats["decode_steps"])
+            same = sum(a.tokens == c.tokens for a, c in zip(plain, spec))
+            acc = "/".join(f"{x:.3f}" for x in m["acceptance_per_depth"])
+            line = (f"{b:>5} {d:>5} {p_tps:>11.1f} {s_tps:>10.1f} {s_tps / p_tps:>8.2f} "
+                    f"{acc:>12} {m['mean_accepted_length']:>17.3f} "
+                    f"{cost:>9.2f} {f'{same}/{len(prompts)}':>11}")
+            with out.open("a") as f:
+                f.write(line + "\n")
+            print(line, flush=True)
     sample = tok.decode(prompts[0]) + "<<" + tok.decode(plain[0].tokens) + ">>"
     with out.open("a") as f:
         f.write(f"# load at end: {uptime()}\n# sample (prompt<<greedy completion>>):\n"

@@ -5,7 +5,7 @@
   rl        the RL update step (`rl.step.make_rl_step`: Dr.GRPO advantages, the rl_policy loss
             through the train-step builder, the k1 pre-pass when rl.kl_coef > 0) on a batch of
             data.global_batch_size x data.seq_len rows, state/batch placed as the trainer does;
-  prefill   the engine's prefill step (`inference.engine._prefill`): inference.prefill_batch rows
+  prefill   the engine's prefill step (`inference.steps.prefill_step`): inference.prefill_batch rows
             (rounded up to a multiple of the batch mesh shards) of a chunk as long as the context,
             into the MLA latent cache of inference.max_batch slots x inference.max_len positions;
   decode    one plain decode step for every slot over that cache;
@@ -114,7 +114,7 @@ def _engine_parts(cfg, mesh, depth: int):
     cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=layer), cache)
     spec = None
     if depth:
-        spec = jax.eval_shape(lambda: init_spec_state(b, depth, cfg.model.vocab_size))
+        spec = jax.eval_shape(lambda: init_spec_state(b, depth))
         spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=slot), spec)
     return graphdef, weights, cache, spec, slot, pc, n
 
@@ -135,7 +135,7 @@ def _jit_engine(fn, pc, mesh):
 
 
 def engine_program(kind: str, cfg, mesh) -> Program:
-    from composer_jax.inference import engine
+    from composer_jax.inference import engine, steps
 
     depth = 0
     if kind == "spec":
@@ -153,7 +153,7 @@ def engine_program(kind: str, cfg, mesh) -> Program:
     keys = _sds((b, 2), "uint32", slot)
     if kind == "prefill":
         rows = -(-cfg.inference.prefill_batch // shards) * shards   # a multiple of the batch shards
-        fn = functools.partial(engine._prefill, graphdef, depth=depth, capture=capture)
+        fn = functools.partial(steps.prefill_step, graphdef, depth=depth, capture=capture)
         args = (weights, cache, spec, _sds((rows, s), "int32", rep), _sds((rows,), "int32", rep),
                 _sds((rows,), "int32", rep), _sds((rows,), "int32", rep),
                 _sds((rows,), "int32", rep), _sampler(rows, rep), _sds((rows, 2), "uint32", rep),

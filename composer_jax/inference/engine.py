@@ -41,7 +41,6 @@ import time
 from typing import Callable, Iterator, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -52,27 +51,45 @@ from composer_jax.inference.config import EngineConfig
 from composer_jax.inference.requests import (Completion, EngineStoppedError, PromptTooLongError,
                                              QueueFullError, SessionBusyError, StreamEvent)
 from composer_jax.inference.sampling import SamplerArrays, SamplingParams
-from composer_jax.inference.speculative import init_spec_state, keys_at
+from composer_jax.inference.speculative import init_spec_state
 
 _REBUILD_OFFSET = 1 << 30     # key counters used when a cache is rebuilt (never sampled from)
+
+
+def on_device(state):
+    """The parameter pytree with every host (numpy) leaf placed on the default device once.
+    A numpy leaf passed to a jitted step is copied host -> device on every call: from a loaded
+    run (numpy weights) that copy was over half of a batch-1 decode step."""
+    return jax.tree.map(lambda a: a if isinstance(a, jax.Array) else jax.device_put(a), state)
 
 
 def _decode(graphdef, state, cache, spec, pending, lengths, active, sp, key_data, counters, *,
             depth, capture):
     if depth == 0:
         cache, out = steps.decode_step(graphdef, state, cache, pending, lengths, active, sp,
-                                       keys_at(key_data, counters), capture=capture)
+                                       key_data, counters, capture=capture)
         return cache, spec, out
     return steps.spec_step(graphdef, state, cache, spec, pending, lengths, active, sp, key_data,
                            counters, depth=depth, capture=capture)
 
 
+def _on_leaves(fn, graphdef, treedef, **kw):
+    """fn(graphdef, state, ...) as a function of the state's leaves: a flat list of arrays is
+    parsed by jit's C++ dispatch, while an nnx State is flattened in Python on every call
+    (~0.15 ms per step for the 53 leaves of cpt_debug, a quarter of a batch-1 decode step)."""
+    def step(leaves, *args):
+        return fn(graphdef, jax.tree.unflatten(treedef, leaves), *args, **kw)
+    return step
+
+
 @functools.lru_cache(maxsize=16)
-def _jitted(graphdef, depth: int, capture: bool):
-    """The jitted steps, shared by every engine of the same model structure (compile once)."""
+def _jitted(graphdef, treedef, depth: int, capture: bool):
+    """The jitted steps, shared by every engine of the same model structure (compile once); they
+    take the parameters as the flat leaves of a state whose structure is `treedef`."""
     kw = dict(depth=depth, capture=capture)
-    return (jax.jit(functools.partial(steps.prefill_step, graphdef, **kw), donate_argnums=(1, 2)),
-            jax.jit(functools.partial(_decode, graphdef, **kw), donate_argnums=(1, 2)))
+    return (jax.jit(_on_leaves(steps.prefill_step, graphdef, treedef, **kw),
+                    donate_argnums=(1, 2)),
+            jax.jit(_on_leaves(_decode, graphdef, treedef, **kw), donate_argnums=(1, 2)))
 
 
 class _Session:
@@ -89,13 +106,13 @@ class Engine:
         model = nnx.merge(graphdef, state)
         self.model_cfg, self.execution = model.cfg, model.execution
         cfg.check_model(self.model_cfg.mtp_depth)     # speculation drafts with the MTP modules
-        self.cfg, self.graphdef, self.state, self.version = cfg, graphdef, state, version
+        self.cfg, self.graphdef, self.version = cfg, graphdef, version
         self.detokenize = detokenize
         b, depth = cfg.max_batch, cfg.draft_depth
         self.cache = init_cache(self.model_cfg, b, cfg.max_len, with_mtp=depth > 0,
                                 dtype=self.execution.compute_dtype)
         self.spec = init_spec_state(b, depth) if depth else None
-        self._prefill_fn, self._decode_fn = _jitted(graphdef, depth, cfg.capture_router)
+        self._set_state(state)
         self._base_key = jax.random.key(cfg.seed)
         self.lengths = np.zeros(b, np.int32)
         self.pending = np.zeros(b, np.int32)
@@ -125,6 +142,16 @@ class Engine:
         self.stats = collections.Counter()
         self.accepted_at_depth = np.zeros(max(depth, 1), np.int64)
         self.attempted_at_depth = np.zeros(max(depth, 1), np.int64)
+
+    def _set_state(self, state) -> None:
+        """The parameters the next step uses (on the device), as a pytree and as flat leaves."""
+        self.state = on_device(state)
+        self._leaves, treedef = jax.tree.flatten(self.state)
+        if getattr(self, "_treedef", None) is None or treedef != self._treedef:
+            self._treedef = treedef
+            self._prefill_fn, self._decode_fn = _jitted(self.graphdef, treedef,
+                                                        self.cfg.draft_depth,
+                                                        self.cfg.capture_router)
 
     @classmethod
     def from_model(cls, model, cfg: EngineConfig = EngineConfig(), **kw) -> "Engine":
@@ -268,6 +295,7 @@ class Engine:
     def swap_weights(self, state, version: int) -> None:
         """New parameters (same structure) for the next step on; running sequences keep going.
         Returns at once; every token records the version of the step that sampled it."""
+        state = on_device(state)         # the copy happens here, not in the decode loop
         with self._lock:
             self._pending_swap = (state, version)
             self._work.notify_all()
@@ -490,12 +518,13 @@ class Engine:
         for i, job in enumerate(padded):
             tokens[i, :len(job[1])] = job[1]
         slots = np.array([g[0] for g in padded], np.int32)
-        col = lambda k: jnp.asarray([g[k] for g in padded], jnp.int32)
+        col = lambda k: np.asarray([g[k] for g in padded], np.int32)
         self.stats["prefill_tokens"] += sum(len(g[1]) for g in group)
         self.stats["prefill_calls"] += 1
-        args = (self.state, self.cache, self.spec, jnp.asarray(tokens), jnp.asarray(slots), col(2),
-                jnp.asarray([len(g[1]) for g in padded], jnp.int32), col(3), self._sampler(slots),
-                jnp.asarray(self._slot_key[slots]), col(4))
+        # Host arrays go to the jitted step as they are (fresh copies: the step runs unlocked).
+        args = (self._leaves, self.cache, self.spec, tokens, slots, col(2),
+                np.asarray([len(g[1]) for g in padded], np.int32), col(3), self._sampler(slots),
+                self._slot_key[slots], col(4))
         with self._unlocked():
             self.cache, self.spec, out, chunk_router = self._prefill_fn(*args)
             host = jax.device_get(out)
@@ -514,9 +543,8 @@ class Engine:
         counters = np.array([len(r.tokens) if r is not None else 0 for r in self._slot_req],
                             np.int32)
         self.stats["decode_steps"] += 1
-        args = (self.state, self.cache, self.spec, jnp.asarray(self.pending),
-                jnp.asarray(self.lengths), jnp.asarray(active), self._sampler(range(b)),
-                jnp.asarray(self._slot_key), jnp.asarray(counters))
+        args = (self._leaves, self.cache, self.spec, self.pending.copy(), self.lengths.copy(),
+                np.asarray(active, bool), self._sampler(range(b)), self._slot_key.copy(), counters)
         with self._unlocked():
             self.cache, self.spec, out = self._decode_fn(*args)
             host = jax.device_get(out)
@@ -587,7 +615,8 @@ class Engine:
     def _apply_swap(self) -> None:
         state, version = self._pending_swap
         self._pending_swap = None
-        self.state, self.version = state, version
+        self._set_state(state)
+        self.version = version
         self.stats["weight_swaps"] += 1
         if not self.cfg.reprefill_on_swap:
             return

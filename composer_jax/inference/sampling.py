@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from composer_jax.errors import ConfigError  # noqa: F401
@@ -29,12 +30,14 @@ class SamplerArrays:
 
     @staticmethod
     def build(params: list[SamplingParams], forced=None) -> "SamplerArrays":
-        """From per-row params; forced: per-row token to force (-1 or None = sample)."""
+        """From per-row params; forced: per-row token to force (-1 or None = sample). The fields
+        are host (numpy) arrays: a jitted step takes them as arguments without the per-array
+        eager dispatch that `jnp.asarray` costs on every decode step."""
         forced = [-1] * len(params) if forced is None else [-1 if f is None else f for f in forced]
-        return SamplerArrays(jnp.asarray([p.temperature for p in params], jnp.float32),
-                             jnp.asarray([p.top_k for p in params], jnp.int32),
-                             jnp.asarray([p.top_p for p in params], jnp.float32),
-                             jnp.asarray(forced, jnp.int32))
+        return SamplerArrays(np.asarray([p.temperature for p in params], np.float32),
+                             np.asarray([p.top_k for p in params], np.int32),
+                             np.asarray([p.top_p for p in params], np.float32),
+                             np.asarray(forced, np.int32))
 
 
 def raw_logprobs(logits: jax.Array) -> jax.Array:
@@ -91,16 +94,49 @@ def sample_logprobs(logp: jax.Array, keys: jax.Array) -> jax.Array:
     return jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, logp).astype(jnp.int32)
 
 
+def keys_at(key_data, index):
+    """Per-request keys for token indices: key_data [B,2] uint32, index [B,...] int32 ->
+    keys [B,...] = fold_in(key_b, index) (the key that samples token `index` of request b)."""
+    keys = jax.random.wrap_key_data(key_data)
+    return jax.vmap(lambda k, i: jax.vmap(lambda j: jax.random.fold_in(k, j))(i.reshape(-1))
+                    .reshape(i.shape))(keys, index)
+
+
+def gumbel_sample(logp, keys):
+    """Gumbel-max samples: logp [B,...,V], keys [B,...] -> int32 [B,...] (what
+    `sample_logprobs` draws for the same key)."""
+    flat = sample_logprobs(logp.reshape(-1, logp.shape[-1]), keys.reshape(-1))
+    return flat.reshape(keys.shape)
+
+
+def sample_at(logp, key_data, index, greedy):
+    """Tokens [B,...] int32 from logp [B,...,V]: `gumbel_sample(logp, keys_at(key_data, index))`.
+
+    greedy: a scalar bool, true when every row is greedy (temperature 0, so every distribution
+    is a point mass): then the argmax, which is the very token Gumbel-max picks from a point mass,
+    without deriving keys or drawing noise (on CPU the threefry rounds run as loops of small
+    kernels: a fifth of a batch-1 decode step). A runtime branch, so one compiled step serves both.
+    """
+    return jax.lax.cond(greedy, lambda: jnp.argmax(logp, axis=-1).astype(jnp.int32),
+                        lambda: gumbel_sample(logp, keys_at(key_data, index)))
+
+
+def all_greedy(sp: SamplerArrays):
+    """True when every row samples greedily (see `sample_at`)."""
+    return jnp.all(sp.temperature <= 0)
+
+
 def take(logp: jax.Array, tokens: jax.Array) -> jax.Array:
     """logp [..., V] at tokens [...] -> [...]."""
     return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
 
 
-def sample(logits: jax.Array, sp: SamplerArrays, keys: jax.Array):
+def sample(logits: jax.Array, sp: SamplerArrays, key_data: jax.Array, index: jax.Array):
     """logits [B,V] -> (tokens [B] int32, logprob under the sampled distribution [B],
-    logprob under the raw model [B], processed logprobs [B,V]). Rows with sp.forced >= 0 emit
-    that token (teacher forcing) and report its log-probabilities."""
+    logprob under the raw model [B], processed logprobs [B,V]). Row b's token is drawn with its
+    request's key data key_data[b] for token index index[b] (`sample_at`). Rows with
+    sp.forced >= 0 emit that token (teacher forcing) and report its log-probabilities."""
     logp = processed_logprobs(logits, sp.temperature, sp.top_k, sp.top_p)
-    tokens = sample_logprobs(logp, keys)
+    tokens = sample_at(logp, key_data, index, all_greedy(sp))
     tokens = jnp.where(sp.forced >= 0, sp.forced, tokens)
     return tokens, take(logp, tokens), take(raw_logprobs(logits), tokens), logp

@@ -1,7 +1,7 @@
 """Speculative decoding with the MTP modules as drafts: drafting and seed-coupled verification.
 
 Every sampled token of a request is drawn by Gumbel-max from its processed distribution with the
-request's key for that token's index, fold_in(key_r, i) (`keys_at`), in plain and speculative
+request's key for that token's index, fold_in(key_r, i) (`sampling.keys_at`), in plain and speculative
 decoding alike. That fixes what plain decoding emits at index i given the text before it, so
 speculation can verify drafts against exactly that token:
 
@@ -33,7 +33,8 @@ from flax import struct
 
 from composer_jax.inference.cache import Cache
 from composer_jax.inference.forward import make_window, mtp_cached
-from composer_jax.inference.sampling import SamplerArrays, processed_logprobs, sample_logprobs
+from composer_jax.inference.sampling import (SamplerArrays, all_greedy, processed_logprobs,
+                                             sample_at)
 
 
 @struct.dataclass
@@ -46,29 +47,14 @@ def init_spec_state(batch: int, depth: int) -> SpecState:
     return SpecState(jnp.zeros((batch, depth), jnp.int32))
 
 
-def keys_at(key_data, index):
-    """Per-request keys for token indices: key_data [B,2] uint32, index [B,...] int32 ->
-    keys [B,...] = fold_in(key_b, index) (the key that samples token `index` of request b)."""
-    keys = jax.random.wrap_key_data(key_data)
-    return jax.vmap(lambda k, i: jax.vmap(lambda j: jax.random.fold_in(k, j))(i.reshape(-1))
-                    .reshape(i.shape))(keys, index)
-
-
-def gumbel_sample(logp, keys):
-    """Gumbel-max samples: logp [B,...,V], keys [B,...] -> int32 [B,...] (what
-    `sampling.sample_logprobs` draws for the same key)."""
-    flat = sample_logprobs(logp.reshape(-1, logp.shape[-1]), keys.reshape(-1))
-    return flat.reshape(keys.shape)
-
-
 def draft(graphdef, state, cache: Cache, depth: int, hidden, nxt, anchor, starts, active,
-          sp: SamplerArrays, keys):
+          sp: SamplerArrays, key_data, index):
     """Runs MTP modules 0..depth-1 over a window and samples the next drafts.
 
     hidden [B,W,D]: main-model pre-norm hidden states of the window (positions starts + i);
     nxt [B,W+depth]: nxt[i] = the token at position starts + i + 1 (filled up to `anchor`);
-    anchor [B]: window index of the last verified position; active [B] bool; keys [B,depth]: the
-    keys of the token indices the drafts propose.
+    anchor [B]: window index of the last verified position; active [B] bool; key_data [B,2] and
+    index [B,depth]: the requests' keys and the token indices the drafts propose.
     Returns (drafts [B,depth], cache with MTP entries written for window indices <= anchor).
     """
     b, w = hidden.shape[:2]
@@ -78,7 +64,7 @@ def draft(graphdef, state, cache: Cache, depth: int, hidden, nxt, anchor, starts
     for k in range(depth):
         logits, h, cache = mtp_cached(graphdef, state, cache, k, h, nxt[:, k:k + w], win)
         lq = processed_logprobs(logits[rows, anchor], sp.temperature, sp.top_k, sp.top_p)
-        d = sample_logprobs(lq, keys[:, k])
+        d = sample_at(lq, key_data, index[:, k], all_greedy(sp))
         nxt = nxt.at[rows, anchor + k + 1].set(d)
         drafts.append(d)
     return jnp.stack(drafts, 1), cache

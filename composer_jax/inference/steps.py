@@ -16,9 +16,9 @@ from flax import struct
 
 from composer_jax.inference.cache import Cache, gather_slots, scatter_slots
 from composer_jax.inference.forward import forward_cached, make_window
-from composer_jax.inference.sampling import (SamplerArrays, processed_logprobs, raw_logprobs,
-                                             sample, take)
-from composer_jax.inference.speculative import SpecState, accept, draft, gumbel_sample, keys_at
+from composer_jax.inference.sampling import (SamplerArrays, all_greedy, processed_logprobs,
+                                             raw_logprobs, sample, sample_at, take)
+from composer_jax.inference.speculative import SpecState, accept, draft
 
 
 @struct.dataclass
@@ -48,28 +48,28 @@ def prefill_step(graphdef, state, cache: Cache, spec: SpecState | None, tokens, 
     out, sub = forward_cached(graphdef, state, sub, tokens, win)
     rows = jnp.arange(n)
     last = n_valid - 1
-    tok, lp, raw, _ = sample(out.logits[rows, last], sp, keys_at(key_data, counters))
+    tok, lp, raw, _ = sample(out.logits[rows, last], sp, key_data, counters)
     tok = jnp.where(forced >= 0, forced, tok)
     router = out.router_indices if capture else None
     step_router = None if router is None else router[:, rows, last][:, :, None]
     if depth > 0:
         nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((n, 1 + depth), jnp.int32)], axis=1)
         nxt = nxt.at[rows, last].set(tok)
-        dkeys = keys_at(key_data, counters[:, None] + 1 + jnp.arange(depth))
         d, sub = draft(graphdef, state, sub, depth, out.hidden, nxt, last, starts, n_valid > 0,
-                       sp, dkeys)
+                       sp, key_data, counters[:, None] + 1 + jnp.arange(depth))
         spec = SpecState(spec.drafts.at[slots].set(d))
     cache = scatter_slots(cache, slots, sub)
     res = StepOut(tok[:, None], lp[:, None], raw[:, None], jnp.ones((n,), jnp.int32), step_router)
     return cache, spec, res, router
 
 
-def decode_step(graphdef, state, cache: Cache, pending, lengths, active, sp: SamplerArrays, keys,
-                *, capture: bool):
-    """One token for every active slot: pending [B] at positions lengths [B] -> (cache, StepOut)."""
+def decode_step(graphdef, state, cache: Cache, pending, lengths, active, sp: SamplerArrays,
+                key_data, counters, *, capture: bool):
+    """One token for every active slot: pending [B] at positions lengths [B], token index
+    counters [B] of each slot's request (key_data [B,2]) -> (cache, StepOut)."""
     win = make_window(lengths, active.astype(jnp.int32), 1, cache.max_len)
     out, cache = forward_cached(graphdef, state, cache, pending[:, None], win)
-    tok, lp, raw, _ = sample(out.logits[:, 0], sp, keys)
+    tok, lp, raw, _ = sample(out.logits[:, 0], sp, key_data, counters)
     router = out.router_indices if capture else None
     return cache, StepOut(tok[:, None], lp[:, None], raw[:, None], active.astype(jnp.int32), router)
 
@@ -86,12 +86,11 @@ def spec_step(graphdef, state, cache: Cache, spec: SpecState, pending, lengths, 
     out, cache = forward_cached(graphdef, state, cache, window, win)
     logp = processed_logprobs(out.logits, sp.temperature[:, None], sp.top_k[:, None],
                               sp.top_p[:, None])
-    toks = gumbel_sample(logp, keys_at(key_data, counters[:, None] + jnp.arange(w)))
+    toks = sample_at(logp, key_data, counters[:, None] + jnp.arange(w), all_greedy(sp))
     n_acc = accept(spec.drafts, toks)
     nxt = jnp.concatenate([toks, jnp.zeros((b, depth), jnp.int32)], axis=1)
-    dkeys = keys_at(key_data, (counters + n_acc + 1)[:, None] + jnp.arange(depth))
     d, cache = draft(graphdef, state, cache, depth, out.hidden, nxt, n_acc, lengths, active,
-                     sp, dkeys)
+                     sp, key_data, (counters + n_acc + 1)[:, None] + jnp.arange(depth))
     res = StepOut(toks, take(logp, toks), take(raw_logprobs(out.logits), toks),
                   jnp.where(active, n_acc + 1, 0),
                   out.router_indices if capture else None)

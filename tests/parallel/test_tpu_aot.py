@@ -2,7 +2,8 @@
 
 With libtpu installed (the `tpu` extra: `pip install -e '.[tpu]'`; `.ci/run` installs it) one
 `launch.py --dry_run --set mesh.compile_topology=v5e:2x2` compiles the tiny train step, the RL
-step, the engine's decode step and the TPU Pallas kernels with XLA:TPU and Mosaic; elsewhere those
+step, the engine's prefill, decode and speculative steps and the TPU Pallas kernels with XLA:TPU
+and Mosaic; elsewhere those
 tests skip and say how to enable them. The error paths and the target-platform switch need no
 libtpu.
 """
@@ -27,11 +28,11 @@ needs_libtpu = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def v5e_dry_run(tmp_path_factory):
-    """One dry run of cpt_debug compiled for v5e:2x2 with the RL, decode and kernel programs."""
+    """One dry run of cpt_debug compiled for v5e:2x2 with every program kind."""
     work = tmp_path_factory.mktemp("tpu_aot")
     cmd = [sys.executable, "launch.py", "--experiment=cpt_debug", "--dry_run", f"--workdir={work}",
            "--set", "mesh.compile_topology=v5e:2x2",
-           "--set", "mesh.compile_programs=rl,decode,kernels"]
+           "--set", "mesh.compile_programs=all"]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -55,14 +56,18 @@ def test_tpu_aot_train_step_compiles_for_v5e(v5e_dry_run):
 
 
 @needs_libtpu
-def test_tpu_aot_rl_decode_and_kernels_compile_for_v5e(v5e_dry_run):
+def test_tpu_aot_rl_engine_steps_and_kernels_compile_for_v5e(v5e_dry_run):
     progs = v5e_dry_run[0]["programs"]
-    assert set(progs) == {"rl", "decode", "kernel:block_scaled_matmul",
+    assert set(progs) == {"rl", "prefill", "decode", "spec", "kernel:block_scaled_matmul",
                           "kernel:grouped_block_scaled_matmul", "kernel:quantize_mxfp8"}
     for name, p in progs.items():
         assert "error" not in p, (name, p.get("error"))
         assert p["fits_hbm"] is True and p["per_device_total"] > 0
-    assert progs["decode"]["detail"]["cache_bytes"] > 0
+    for k in ("prefill", "decode", "spec"):
+        assert progs[k]["detail"]["cache_bytes"] > 0
+    assert progs["spec"]["detail"]["spec_depth"] == 1
+    # the spec step holds the MTP cache and a verify window: more than a plain decode step
+    assert progs["spec"]["per_device_total"] > progs["decode"]["per_device_total"]
     assert sum(progs["rl"]["collective_bytes"].values()) > 0
     for k in ("block_scaled_matmul", "grouped_block_scaled_matmul", "quantize_mxfp8"):
         assert progs[f"kernel:{k}"]["mosaic_kernels"] >= 1      # Mosaic compiled, not interpreted
