@@ -5,8 +5,8 @@ token-level agent against the engine policy server, rl_step, the weight store) w
 overrides and seed; only `inference.speculative` differs. The policy (`--init_from`, the run's
 model) must have an MTP module that has learned something: by default the `cpt_debug` run that
 `benchmarks/results/spec_decode_bench.txt` measures (its MTP head trained with the model on code;
-made by `python launch.py --experiment=cpt_debug --workdir=/tmp/engine_runs/cpt_debug_long --set
-train.steps=800`, stopped at step 337). The coding run's own SFT policy (`sft` experiment, built
+made by `python launch.py --experiment=cpt_debug --workdir=/tmp/engine_runs/cpt_debug_3k --set
+train.steps=3000`, about 10 minutes here). The coding run's own SFT policy (`sft` experiment, built
 on first use) also has a trained MTP head, when it is cached: pass its workdir. Runs go
 in the order plain, spec, spec, plain, ... (`--repeats` pairs), so load drift on a shared machine
 biases neither side.
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 OUT = ROOT / "benchmarks" / "results" / "rl_speculative.txt"
-DEFAULT_INIT = "/tmp/engine_runs/cpt_debug_long"
+DEFAULT_INIT = "/tmp/engine_runs/cpt_debug_3k"
 
 
 def coding_config(overrides: list[str]):

@@ -15,7 +15,11 @@ by side in one run. Reported per batch size and depth:
   step_cost                           (spec seconds / spec steps) / (plain seconds / plain steps)
   greedy_same                         prompts whose greedy tokens are identical in both modes
 
-speed-up ~= mean_accepted_len / step_cost, which says what limits it.
+speed-up ~= mean_accepted_len / step_cost, which says what limits it. Then, at batch 1, what a
+step's device work costs by part (each part its own jitted function on the step's shapes, timed
+interleaved, fastest of rounds; relative to the main model's forward over one token): the main
+model over W = 1..depth+1 new tokens (a plain step's forward, a verify's), one MTP module over W
+tokens (a draft pass), against a cache holding --prompt_len + --new_tokens / 2 positions.
 
 The committed results come from two longer `cpt_debug` runs (about 10 and 13 minutes here):
 
@@ -41,11 +45,15 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from composer_jax.config import Config  # noqa: E402
 from composer_jax.heldout import HELDOUT_MODULES  # noqa: E402
+from composer_jax.inference.cache import init_cache  # noqa: E402
+from composer_jax.inference.engine import on_device  # noqa: E402
+from composer_jax.inference.forward import forward_cached, make_window, mtp_cached  # noqa: E402
 from composer_jax.inference import EngineConfig, SamplingParams  # noqa: E402
 from composer_jax.inference.timing import timed_generation, tokens_per_second  # noqa: E402
 
@@ -74,6 +82,43 @@ def heldout_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
         raise SystemExit(f"only {len(prompts)} held-out prompts of {length} tokens; lower --num_prompts")
     rng = np.random.default_rng(0)
     return [prompts[i] for i in rng.choice(len(prompts), n, replace=False)]
+
+
+def step_parts(model, max_depth: int, context: int, max_len: int, rounds: int = 7,
+               calls: int = 100) -> list[str]:
+    """Lines of the batch-1 step-parts table (module docstring)."""
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(on_device(state))   # flat device arrays: no per-call
+    unflat = lambda lv: jax.tree.unflatten(treedef, lv)    # noqa: E731   pytree or host copies
+    dtype = model.execution.compute_dtype
+    cache = init_cache(model.cfg, 1, max_len, with_mtp=True, dtype=dtype)
+    starts = jnp.asarray([context], jnp.int32)
+    parts = {}
+    for w in range(1, max_depth + 2):
+        win = make_window(starts, jnp.asarray([w], jnp.int32), w, max_len)
+        toks = jnp.zeros((1, w), jnp.int32)
+        fwd = jax.jit(lambda lv, c, t, win=win:
+                      forward_cached(graphdef, unflat(lv), c, t, win)[0].logits)
+        parts[f"main model, W={w}"] = (fwd, (leaves, cache, toks))
+        if w >= 2:
+            h = jnp.zeros((1, w, model.cfg.hidden_size), dtype)
+            mtp = jax.jit(lambda lv, c, h, t, win=win:
+                          mtp_cached(graphdef, unflat(lv), c, 0, h, t, win)[0])
+            parts[f"one MTP module, W={w}"] = (mtp, (leaves, cache, h, toks))
+    times = {k: [] for k in parts}
+    for fn, args in parts.values():
+        jax.block_until_ready(fn(*args))
+    for _ in range(rounds):
+        for k, (fn, args) in parts.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                r = fn(*args)
+            jax.block_until_ready(r)
+            times[k].append((time.perf_counter() - t0) / calls)
+    base = min(times["main model, W=1"])
+    return ([f"# step parts at batch 1 (device work; fastest of {rounds} interleaved rounds of "
+             f"{calls} calls), context {context}:", f"{'part':<24} {'us':>8} {'x main W=1':>10}"]
+            + [f"{k:<24} {min(v) * 1e6:>8.1f} {min(v) / base:>10.2f}" for k, v in times.items()])
 
 
 def main() -> None:
@@ -144,6 +189,12 @@ def main() -> None:
             with out.open("a") as f:
                 f.write(line + "\n")
             print(line, flush=True)
+    parts = step_parts(model, max(depths),
+                       args.prompt_len + args.new_tokens // 2,
+                       args.prompt_len + args.new_tokens + 2 * max(depths))
+    with out.open("a") as f:
+        f.write("\n".join(parts) + "\n")
+    print("\n".join(parts), flush=True)
     sample = tok.decode(prompts[0]) + "<<" + tok.decode(plain[0].tokens) + ">>"
     with out.open("a") as f:
         f.write(f"# load at end: {uptime()}\n# sample (prompt<<greedy completion>>):\n"

@@ -5,12 +5,15 @@ pads every expert's assignments to a 64-row block, so one decode token (K assign
 multiplies E x 64 rows, and one step of a 4-layer model spent most of its time there. With N
 tokens (N*K assignments) a decode step picks the cheapest exact form by shape, at trace time:
 
-  * gather (N*K <= E/2): each assignment multiplies its own expert's weights (gathered rows),
-    N*K matrix-vector products;
+  * gather (N*K <= E): each assignment multiplies its own expert's weights (gathered rows),
+    N*K matrix-vector products, so it reads N*K expert slabs;
   * blocked (N*K <= DECODE_BLOCK_MAX_ASSIGNMENTS): the model's blocked layout
     (`model.moe._dispatch_blocked`) with `DECODE_EXPERT_BLOCK`-row blocks instead of the training
-    block of 64. It reads about ceil(N*K/16) + E expert slabs, so it beats gather once N*K is
-    about half of E. At batch 32 of the `small` config (128 assignments over 32 experts) it pads to
+    block of 64. It reads about ceil(N*K/16) + E expert slabs whatever N is, so gather wins while
+    N*K is at most about E (`benchmarks/results/decode_moe_bench.txt`: gather takes 0.50x the
+    blocked time at N*K = E and 1.96x at 2E for `small`; 0.24-0.27x for `cpt_debug` at the 6-8
+    assignments of a depth-2 speculative verify at batch 1, which the rule N*K <= E/2 sent to
+    blocked). At batch 32 of the `small` config (128 assignments over 32 experts) it pads to
     640 rows, where every-expert-on-every-token takes 1,024 and the 64-row layout 2,176. There, on
     2 cores, a decode step took 19 ms, against 34 ms dense, 23 ms with 64-row blocks and 51 ms
     gathered;
@@ -41,7 +44,7 @@ def dispatch_path(n: int, k: int, e: int, fmt: str = "bf16", expert_parallel: bo
     """"gather", "blocked" or "model" for N tokens, top-K of E experts."""
     if fmt != "bf16" or expert_parallel:
         return "model"
-    if n * k <= e // 2:
+    if n * k <= e:
         return "gather"
     return "blocked" if n * k <= DECODE_BLOCK_MAX_ASSIGNMENTS else "model"
 

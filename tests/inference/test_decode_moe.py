@@ -37,8 +37,8 @@ def test_paths_equal_the_per_assignment_reference(fn, n):
 
 def test_the_shape_picks_the_documented_path():
     e, k = 32, 4
-    assert im.dispatch_path(4, k, e) == "gather"                  # 16 assignments <= E/2
-    assert im.dispatch_path(8, k, e) == "blocked"                 # 32 > E/2
+    assert im.dispatch_path(8, k, e) == "gather"                  # 32 assignments <= E
+    assert im.dispatch_path(9, k, e) == "blocked"                 # 36 > E
     assert im.dispatch_path(32, k, e) == "blocked"
     assert im.dispatch_path(im.DECODE_BLOCK_MAX_ASSIGNMENTS // k + 1, k, e) == "model"
     assert im.dispatch_path(1, k, e, fmt="mxfp8") == "model"

@@ -13,7 +13,7 @@ from composer_jax.config import tiny
 from composer_jax.inference import Engine, EngineConfig, SamplingParams
 from composer_jax.inference.speculative import accept
 
-from inference_testlib import ENGINE, init_model, log_softmax, make_copy_head, tiny2
+from inference_testlib import ENGINE, MAX_LEN, init_model, log_softmax, make_copy_head, tiny2
 
 PROMPTS = [[7] * 9, [3, 14, 15, 92, 65], [35, 89], list(range(100, 113)), [5, 5, 5]]
 
@@ -137,3 +137,52 @@ def test_speculative_sampling_matches_base_distribution(n):
     assert tv < 2.5 * np.sqrt(64 / n)
     m = eng.speculation_metrics()
     assert 0 < m["acceptance_per_depth"][0] < 1     # the rejection path was exercised
+
+
+def _teacher_forced_counts(mtp_argmax, seq, prompt_len, n_new, depth):
+    """(accepted, attempted) per draft depth that greedy speculation must reach if every draft is
+    the MTP modules' own prediction: mtp_argmax [Dm,T] from the training forward over the greedy
+    text seq (module k at position t predicts token t+k+2), visiting the positions a speculative
+    run visits (pending token q, drafts for q+1.. from position q-1; n_acc+1 tokens per step)."""
+    acc, att = np.zeros(depth, int), np.zeros(depth, int)
+    q = prompt_len
+    while q - prompt_len + 1 < n_new:
+        n_acc = 0
+        while n_acc < depth and mtp_argmax[n_acc][q - 1] == seq[q + 1 + n_acc]:
+            n_acc += 1
+        att[:min(n_acc + 1, depth)] += 1
+        acc[:n_acc] += 1
+        q += n_acc + 1
+    return acc, att
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_draft_acceptance_equals_the_trained_mtp_heads_teacher_forced(depth):
+    """Drafts are what the MTP modules predict in training (the forward over the whole text), not
+    just exact-but-worse guesses: the engine's accepted/attempted counts per depth equal those of
+    a simulation from the training forward's mtp_logits. The MTP blocks' attention is live here
+    (the copy head's attention output restored to random weights), so a stale or missing MTP
+    cache entry changes the counts."""
+    model = make_copy_head(tiny2())
+    model.lm_head.value = model.embed.value.T * 0.6 + model.lm_head.value   # repetitive text
+    live = init_model(tiny2(), seed=9, std=0.2)
+    model.mtp.block.attn.wo.value = live.mtp.block.attn.wo.value
+    graphdef, state = nnx.split(model)
+    n_new = 16
+    prompts = [[1, 2, 3, 4, 5], [7] * 6, [3, 1, 4, 1, 5, 9, 2, 6], [2, 11]]
+    plain, _ = _run(graphdef, state, ENGINE, prompts,
+                    SamplingParams(temperature=0.0, max_new_tokens=n_new + depth + 1))
+    _, eng = _run(graphdef, state, dataclasses.replace(ENGINE, spec_depth=depth), prompts,
+                  SamplingParams(temperature=0.0, max_new_tokens=n_new))
+    fwd = jax.jit(lambda st, t: nnx.merge(graphdef, st)(t).mtp_logits[:, 0])
+    want_acc, want_att = np.zeros(depth, int), np.zeros(depth, int)
+    for p, c in zip(prompts, plain):
+        seq = p + c.tokens
+        padded = jnp.asarray([seq + [0] * (MAX_LEN - len(seq))], jnp.int32)
+        am = np.argmax(np.asarray(fwd(state, padded)), -1)          # [Dm, T]
+        a, t = _teacher_forced_counts(am, seq, len(p), n_new, depth)
+        want_acc += a
+        want_att += t
+    assert eng.accepted_at_depth.tolist() == want_acc.tolist()
+    assert eng.attempted_at_depth.tolist() == want_att.tolist()
+    assert 0 < want_acc[-1] < want_att[-1]          # the deepest draft both hit and missed
