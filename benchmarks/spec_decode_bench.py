@@ -20,6 +20,9 @@ step's device work costs by part (each part its own jitted function on the step'
 interleaved, fastest of rounds; relative to the main model's forward over one token): the main
 model over W = 1..depth+1 new tokens (a plain step's forward, a verify's), one MTP module over W
 tokens (a draft pass), against a cache holding --prompt_len + --new_tokens / 2 positions.
+With --cost_layers L1,L2,..: the end-to-end step cost of depth-1 speculation at batch 1 for
+random-weight models of the same config with L main-model layers (whether a deeper model, where
+the MTP block is a smaller share, makes a speculative step cheaper relative to a plain one).
 
 The committed results come from two longer `cpt_debug` runs (about 10 and 13 minutes here):
 
@@ -29,6 +32,9 @@ The committed results come from two longer `cpt_debug` runs (about 10 and 13 min
     PYTHONPATH=$PWD python benchmarks/spec_decode_bench.py --from_run=/tmp/cpt_debug_3k
     PYTHONPATH=$PWD python benchmarks/spec_decode_bench.py --from_run=/tmp/cpt_debug_3k_mtp2 \
         --spec_depths=1,2 --out=benchmarks/results/spec_decode_bench_mtp2.txt
+    PYTHONPATH=$PWD python benchmarks/spec_decode_bench.py --from_run=/tmp/cpt_debug_3k \
+        --batches=1 --repeats=9 --cost_layers=3,6,12,24 \
+        --out=benchmarks/results/spec_decode_cost_layers.txt
     # default --out: benchmarks/results/spec_decode_bench.txt
 """
 from __future__ import annotations
@@ -121,6 +127,45 @@ def step_parts(model, max_depth: int, context: int, max_len: int, rounds: int = 
             + [f"{k:<24} {min(v) * 1e6:>8.1f} {min(v) / base:>10.2f}" for k, v in times.items()])
 
 
+def random_model(model_cfg, execution, seed: int = 0, std: float = 0.05):
+    """A random model of `model_cfg` built with numpy (faster than eager init): normal(0, std)
+    weights, norm weights one, router biases zero."""
+    from composer_jax.model import abstract_model
+    rng = np.random.default_rng(seed)
+    graphdef, abstract = nnx.split(abstract_model(model_cfg, execution))
+
+    def leaf(path, x):
+        name = [str(q.key) for q in path if hasattr(q, "key")][-1]
+        if name in ("weight", "bias"):
+            return jnp.full(x.shape, 1.0 if name == "weight" else 0.0, x.dtype)
+        return jnp.asarray(rng.normal(0.0, std, x.shape), x.dtype)
+
+    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(leaf, abstract))
+
+
+def cost_by_layers(model, layers: list[int], prompts, params, repeats: int) -> list[str]:
+    """Lines: per main-model depth, plain ms/step, depth-1 spec ms/step and their ratio."""
+    lines = [f"# step cost of depth-1 speculation by main-model depth (random weights, batch 1, "
+             f"fastest of {repeats} interleaved runs; ms/step includes prefill):",
+             f"{'layers':>6} {'plain_ms/step':>13} {'spec_ms/step':>12} {'step_cost':>9}"]
+    base = EngineConfig(max_batch=1, max_len=len(prompts[0]) + params.max_new_tokens + 4,
+                        max_queue=len(prompts), prefill_batch=1)
+    spec_cfg = dataclasses.replace(base, spec_depth=1)
+    for n in layers:
+        graphdef, state = nnx.split(random_model(
+            dataclasses.replace(model.cfg, num_layers=n), model.execution))
+        runs = {"plain": [], "spec": []}
+        for r in range(repeats):
+            for name, ecfg in (("plain", base), ("spec", spec_cfg)):
+                _, secs, eng = timed_generation(graphdef, state, prompts, params, ecfg,
+                                                warmup=r == 0)
+                runs[name].append(secs / eng.stats["decode_steps"])
+        p, q = min(runs["plain"]), min(runs["spec"])
+        lines.append(f"{n:>6} {p * 1e3:>13.3f} {q * 1e3:>12.3f} {q / p:>9.2f}")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--from_run", required=True, help="a pretraining run's workdir (MTP trained)")
@@ -132,6 +177,8 @@ def main() -> None:
     ap.add_argument("--new_tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per mode "
                     "(the fastest counts)")
+    ap.add_argument("--cost_layers", default="", help="main-model depths for the step-cost "
+                    "table (module docstring); empty: skip it")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
 
@@ -195,6 +242,11 @@ def main() -> None:
     with out.open("a") as f:
         f.write("\n".join(parts) + "\n")
     print("\n".join(parts), flush=True)
+    if args.cost_layers:
+        rows = cost_by_layers(model, [int(x) for x in args.cost_layers.split(",")], prompts,
+                              params, args.repeats)
+        with out.open("a") as f:
+            f.write("\n".join(rows) + "\n")
     sample = tok.decode(prompts[0]) + "<<" + tok.decode(plain[0].tokens) + ">>"
     with out.open("a") as f:
         f.write(f"# load at end: {uptime()}\n# sample (prompt<<greedy completion>>):\n"
