@@ -62,6 +62,7 @@ from composer_jax.inference.engine import on_device  # noqa: E402
 from composer_jax.inference.forward import forward_cached, make_window, mtp_cached  # noqa: E402
 from composer_jax.inference import EngineConfig, SamplingParams  # noqa: E402
 from composer_jax.inference.timing import timed_generation, tokens_per_second  # noqa: E402
+from composer_jax.model.params import random_model_numpy  # noqa: E402
 
 from machine_load import uptime  # noqa: E402  (benchmarks/machine_load.py)
 
@@ -127,22 +128,6 @@ def step_parts(model, max_depth: int, context: int, max_len: int, rounds: int = 
             + [f"{k:<24} {min(v) * 1e6:>8.1f} {min(v) / base:>10.2f}" for k, v in times.items()])
 
 
-def random_model(model_cfg, execution, seed: int = 0, std: float = 0.05):
-    """A random model of `model_cfg` built with numpy (faster than eager init): normal(0, std)
-    weights, norm weights one, router biases zero."""
-    from composer_jax.model import abstract_model
-    rng = np.random.default_rng(seed)
-    graphdef, abstract = nnx.split(abstract_model(model_cfg, execution))
-
-    def leaf(path, x):
-        name = [str(q.key) for q in path if hasattr(q, "key")][-1]
-        if name in ("weight", "bias"):
-            return jnp.full(x.shape, 1.0 if name == "weight" else 0.0, x.dtype)
-        return jnp.asarray(rng.normal(0.0, std, x.shape), x.dtype)
-
-    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(leaf, abstract))
-
-
 def cost_by_layers(model, layers: list[int], prompts, params, repeats: int) -> list[str]:
     """Lines: per main-model depth, plain ms/step, depth-1 spec ms/step and their ratio."""
     lines = [f"# step cost of depth-1 speculation by main-model depth (random weights, batch 1, "
@@ -152,8 +137,8 @@ def cost_by_layers(model, layers: list[int], prompts, params, repeats: int) -> l
                         max_queue=len(prompts), prefill_batch=1)
     spec_cfg = dataclasses.replace(base, spec_depth=1)
     for n in layers:
-        graphdef, state = nnx.split(random_model(
-            dataclasses.replace(model.cfg, num_layers=n), model.execution))
+        graphdef, state = nnx.split(random_model_numpy(
+            dataclasses.replace(model.cfg, num_layers=n), std=0.05, execution=model.execution))
         runs = {"plain": [], "spec": []}
         for r in range(repeats):
             for name, ecfg in (("plain", base), ("spec", spec_cfg)):

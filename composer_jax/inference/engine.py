@@ -112,6 +112,7 @@ class Engine:
         self.cache = init_cache(self.model_cfg, b, cfg.max_len, with_mtp=depth > 0,
                                 dtype=self.execution.compute_dtype)
         self.spec = init_spec_state(b, depth) if depth else None
+        self._treedef = None           # the parameters' structure the jitted steps were built for
         self._set_state(state)
         self._base_key = jax.random.key(cfg.seed)
         self.lengths = np.zeros(b, np.int32)
@@ -147,7 +148,7 @@ class Engine:
         """The parameters the next step uses (on the device), as a pytree and as flat leaves."""
         self.state = on_device(state)
         self._leaves, treedef = jax.tree.flatten(self.state)
-        if getattr(self, "_treedef", None) is None or treedef != self._treedef:
+        if self._treedef is None or treedef != self._treedef:
             self._treedef = treedef
             self._prefill_fn, self._decode_fn = _jitted(self.graphdef, treedef,
                                                         self.cfg.draft_depth,

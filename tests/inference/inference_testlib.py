@@ -4,11 +4,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from composer_jax.config import tiny
 from composer_jax.inference import EngineConfig
-from composer_jax.model import abstract_model
+from composer_jax.model.params import random_model_numpy
 
 MAX_LEN = 64
 ENGINE = EngineConfig(max_batch=4, max_len=MAX_LEN, max_queue=16, capture_router=True)
@@ -27,19 +26,7 @@ def init_model(model_cfg, seed=0, std=0.02, execution=None):
     """A random model built with numpy (eager jax init costs ~13 s on this CPU): normal(0, std)
     weights (default train.init_std's default), RMSNorm weights one, router biases zero;
     computed as `execution` (default ExecutionConfig())."""
-    rng = np.random.default_rng(seed)
-    graphdef, abstract = nnx.split(abstract_model(model_cfg, execution))
-
-    def leaf(path, x):
-        name = leaf_name(path)
-        if name == "weight":
-            return jnp.ones(x.shape, x.dtype)
-        if name == "bias":
-            return jnp.zeros(x.shape, x.dtype)
-        return jnp.asarray(rng.normal(0.0, std, x.shape), x.dtype)
-
-    state = jax.tree_util.tree_map_with_path(leaf, abstract)
-    return nnx.merge(graphdef, state)
+    return random_model_numpy(model_cfg, seed, std, execution)
 
 
 def make_copy_head(model_cfg, seed=0):
