@@ -9,9 +9,10 @@ dies. Two modes:
 
 - `mirror=True` (the run's store, `backend_ray.make_ray_store`): the publisher puts the chunks
   itself (it owns them: they live as long as the publisher, in its node's object store) and keeps
-  its own copy of the index (every reference and commit record it wrote). The index actor
-  restarts wherever Ray can place it (`max_restarts=-1`, pinned softly to the publisher's node);
-  a restarted, empty index is refilled from the publisher's copy, at its next write or by the
+  its own copy of the index (every reference and commit record it wrote). The index actor runs
+  on the publisher's node (a soft preference was not honoured: Ray placed it on another node),
+  so only a loss that also ends the publisher takes it; when it dies anyway (`max_restarts=-1`)
+  the restarted, empty index is refilled from the publisher's copy, at its next write or by the
   keeper thread within `keep_s` seconds. So no single actor holds the only copy, and a lost
   index node costs readers a short pause (they see no version, keep the one they hold). The
   publisher is the trainer in the driver: its death ends the run anyway (a rerun makes a new
@@ -137,7 +138,7 @@ class RayTransport(Transport):
         if mirror:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                ray.get_runtime_context().get_node_id(), soft=True)
+                ray.get_runtime_context().get_node_id(), soft=False)
         self._index = ray.remote(num_cpus=0)(_Index).options(**opts).remote()
         self.restores: list[float] = []     # time.time() of every refill of a restarted index
         self._refs: dict[str, list] = {}
