@@ -2,11 +2,12 @@
 
 `run_tree(ws, task, tree, ...)` starts a fresh sandbox over `tree` (its own uid) in which
 `python -m unittest ID...` runs `graded_unittest.py` (bound over the interpreter's
-`unittest/__main__.py`), sends it the run's nonce on stdin and returns the records it wrote
-(`verdict.read_records`). `reference(ws, task, task_dir)` is the same run, twice, on the snapshot with
-the reference solution applied - no agent code - summarised per test (`verdict.reference_summary`:
-values alike in both runs are pinned) and cached in memory and in `<task_dir>/.grader/` (keyed by
-everything it depends on).
+`unittest/__main__.py`), sends it the run's nonce on stdin and returns its raw output; the parent
+reads and judges it in a bounded process (`bounded.py`). The tests are always the task's grading
+copies (`task.grading_test_files`: held-back tests included). `reference(ws, task, task_dir)` is
+the same run, twice, on the snapshot with the reference solution applied - no agent code -
+summarised per test (`verdict.reference_summary`: values alike in both runs are pinned) and cached
+in memory and in `<task_dir>/.grader/` (keyed by everything it depends on).
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ import subprocess
 import tempfile
 import threading
 
+from composer_jax.env.bounded import EvaluationOverrun, summarise_outputs
 from composer_jax.env.config import SandboxBackend
 from composer_jax.env.sandbox import allocate_uid
-from composer_jax.env.tasks.task import Task
-from composer_jax.env.verdict import SUMMARY_VERSION, read_records, reference_summary
+from composer_jax.env.tasks.task import Task, grading_test_files
+from composer_jax.env.verdict import SUMMARY_VERSION, read_records
 
 HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
 OUTPUT_BYTES = 32 << 20
@@ -38,15 +40,21 @@ HARNESS_IMPORTS = ("runpy", "unittest", "unittest.main", "json", "ast", "importl
 
 @dataclasses.dataclass(frozen=True)
 class GradedRun:
-    """records: test id -> the child's record; finished: it wrote its final line; notes:
-    forgery notes from reading the output; timed_out; duration_s; detail: the output tail when
-    it did not finish."""
-    records: dict
-    finished: bool
-    notes: tuple
+    """output: what the graded process wrote (untrusted); nonce: the run's secret; timed_out;
+    duration_s. The parent judges `output` in a bounded process (`bounded.judge_output`)."""
+    output: str
+    nonce: str
     timed_out: bool
     duration_s: float
-    detail: str = ""
+
+    @property
+    def records(self) -> dict:
+        """test id -> record, parsed in this process (for tests and diagnostics only)."""
+        return read_records(self.output, self.nonce)[0]
+
+    @property
+    def detail(self) -> str:
+        return "timed out" if self.timed_out else self.output[-2000:]
 
 
 def module_name(rel: str) -> str:
@@ -122,10 +130,7 @@ def run_tree(ws, task: Task, tree: pathlib.Path, uid, scratch: pathlib.Path,
                         max_output_bytes=OUTPUT_BYTES, stdin_data=(req + "\n").encode())
     finally:
         sandbox.close()
-    records, finished, notes = read_records(r.output, nonce)
-    return GradedRun(records, finished and not r.timed_out, tuple(dict.fromkeys(notes)),
-                     r.timed_out, r.duration_s,
-                     "" if finished else ("timed out" if r.timed_out else r.output[-2000:]))
+    return GradedRun(r.output, nonce, r.timed_out, r.duration_s)
 
 
 def copy_tree(snapshot: pathlib.Path, files: dict, target: pathlib.Path, uid) -> None:
@@ -165,22 +170,23 @@ def _reference_key(ws, task: Task, snapshot: pathlib.Path, solution: dict) -> st
                  json.dumps(task.test_ids).encode(), ws.backend.value.encode(),
                  str(SUMMARY_VERSION).encode()):
         h.update(hashlib.sha256(part).digest())
-    for rel in sorted(task.test_files):
-        p = snapshot / rel
-        h.update(rel.encode() + b"\0" + (p.read_bytes() if p.is_file() else b""))
+    for rel, data in sorted(grading_test_files(task, snapshot.parent).items()):
+        h.update(rel.encode() + b"\0" + data)
     for rel in sorted(solution):
         h.update(rel.encode() + b"\1" + solution[rel])
     return h.hexdigest()
 
 
-def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> dict:
+def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> dict | None:
     """test id -> `reference_summary` of the reference solution's run (cached; see module doc).
-    Empty when the task has no solution directory."""
+    Empty when the task has no solution directory; None when the reference run did not finish
+    (then nothing can be verified and the grading fails)."""
     task_dir = pathlib.Path(task_dir)
     snapshot, sol_dir = task_dir / "snapshot", task_dir / "solution"
     solution = {r: (sol_dir / r).read_bytes() for r in task.edit_files if (sol_dir / r).is_file()}
     if not solution:
         return {}
+    tests = grading_test_files(task, task_dir)
     key = _reference_key(ws, task, snapshot, solution)
     with _LOCK:
         if key in _CACHE:
@@ -196,15 +202,20 @@ def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> dict:
         except (OSError, ValueError):
             pass
         if not isinstance(summary, dict):  # two runs: values alike in both are pinned
-            run = run_files(ws, task, snapshot, solution, timeout_s)
-            again = run_files(ws, task, snapshot, solution, timeout_s)
-            summary = {t: reference_summary(run.records.get(t), again.records.get(t))
-                       for t in task.test_ids}
-            if not (run.finished and again.finished):  # e.g. timed out: use, retry next time
+            run = run_files(ws, task, snapshot, {**tests, **solution}, timeout_s)
+            again = run_files(ws, task, snapshot, {**tests, **solution}, timeout_s)
+            try:
+                out = summarise_outputs(run.output, again.output, run.nonce, again.nonce,
+                                        task.test_ids)
+            except EvaluationOverrun as exc:
+                out = {"finished": False, "summary": {}, "why": str(exc)}
+            summary = out["summary"]
+            if not out["finished"] or run.timed_out or again.timed_out:
                 logging.getLogger(__name__).warning(
                     "the reference run of %s did not finish (%s); its assertion sites are not "
-                    "required this time", task.task_id, run.detail[-300:] or "no final line")
-                return summary
+                    "grading fails until it does", task.task_id,
+                    out.get("why") or run.detail[-300:] or "no final line")
+                return None
             _store(path, summary)
         _CACHE[key] = summary
         return summary
