@@ -25,7 +25,8 @@ import pathlib
 import time
 
 from composer_jax.env.bounded import EvaluationOverrun, judge_output
-from composer_jax.env.graded_run import reference, run_files
+from composer_jax.env.graded_run import (Reference, budget_bytes, budget_s, reference,
+                                         run_files)
 from composer_jax.env.secret import check as check_secret_cases
 from composer_jax.env.tamper import (BudgetExceeded, Budget, Changes, Rules, collect_changes,
                                      stdlib_module_names)
@@ -90,14 +91,15 @@ def grade_workspace(ws, task: Task, snapshot_dir: pathlib.Path, *,
         changes = collect_changes(ws.root, snapshot_dir, rules, Budget())
     except BudgetExceeded as exc:
         return _failed(task, Changes({}, (), ()), f"grading budget exceeded: {exc}")
-    timeout = ws.config.test_timeout_s
-    ref = reference(ws, task, task_dir, timeout) if own else {}
+    cap = ws.config.test_timeout_s
+    ref = reference(ws, task, task_dir, cap) if own else Reference({})
     if ref is None:
         return _failed(task, changes, "the reference run did not finish: nothing to verify")
     files = {**grading_test_files(task, task_dir), **changes.applied}
-    run = run_files(ws, task, snapshot_dir, files, timeout)
+    run = run_files(ws, task, snapshot_dir, files, budget_s(ref.seconds, cap),
+                    budget_bytes(ref.output_bytes))
     try:
-        judged = judge_output(run.output, run.nonce, ref, task.test_ids)
+        judged = judge_output(run.output, run.nonce, ref.summary, task.test_ids)
     except EvaluationOverrun as exc:
         return _failed(task, changes, f"grading budget exceeded: {exc}")
     results, reasons, tamper, verified = {}, {}, [], 0
@@ -114,7 +116,7 @@ def grade_workspace(ws, task: Task, snapshot_dir: pathlib.Path, *,
     p2p = sum(results[t] == "pass" for t in task.pass_to_pass)
     ok = judged["finished"] and not run.timed_out
     detail = "" if ok else run.detail[-500:]
-    secret = check_secret_cases(ws, task, task_dir, files, timeout) if own else None
+    secret = check_secret_cases(ws, task, task_dir, files, cap) if own and ok else None
     secret_ok = secret is None or secret.ok
     if secret is not None and not secret.ok:
         detail = (detail + "; " if detail else "") + (

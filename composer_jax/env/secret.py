@@ -28,17 +28,22 @@ import random
 import secrets
 import shutil
 import tempfile
+import time
 
 from composer_jax.env.bounded import EvaluationOverrun, compare_outputs
 from composer_jax.env.config import SandboxBackend
+from composer_jax.env.graded_run import budget_bytes, budget_s, copy_tree
 from composer_jax.env.sandbox import allocate_uid
+from composer_jax.env.secret_child import opaque
 from composer_jax.env.tasks.task import Task, grading_test_files
+from composer_jax.env.verdict import read_case_lines
+from composer_jax.env.workspace import scratch_parent
 
 HERE = pathlib.Path(__file__).resolve().parent
 CHILD = HERE / "secret_child.py"
 CANON = HERE / "graded_unittest.py"
 FILE = "secret_cases.json"
-VERSION = 1
+VERSION = 3
 MAX_HARVEST = 200
 MAX_CASES = 48
 CASE_BYTES = 4096
@@ -167,11 +172,9 @@ def _python_argv(ws) -> list[str]:
 
 
 def run_child(ws, task: Task, snapshot: pathlib.Path, files: dict, request: dict,
-              timeout_s: float) -> tuple[str, bool]:
+              timeout_s: float, max_output_bytes: int = 16 << 20) -> tuple[str, bool]:
     """(output, timed_out) of `secret_child.py` on a fresh copy of `snapshot` with `files`
     applied, in a fresh sandbox (its own uid) whose installed task files show that tree."""
-    from composer_jax.env.graded_run import copy_tree
-    from composer_jax.env.workspace import scratch_parent
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="cj-case-", dir=scratch_parent()))
     os.chmod(tmp, 0o711)
     try:
@@ -184,7 +187,7 @@ def run_child(ws, task: Task, snapshot: pathlib.Path, files: dict, request: dict
         try:
             cmd = " ".join([*_python_argv(ws), ".cj_case/secret_child.py"])
             fresh = sorted({_module(r).split(".")[0] for r in task.edit_files})
-            r = sandbox.run(cmd, timeout_s=timeout_s, max_output_bytes=16 << 20,
+            r = sandbox.run(cmd, timeout_s=timeout_s, max_output_bytes=max_output_bytes,
                             stdin_data=(json.dumps({**request, "fresh": fresh}) + "\n").encode())
         finally:
             sandbox.close()
@@ -193,19 +196,19 @@ def run_child(ws, task: Task, snapshot: pathlib.Path, files: dict, request: dict
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _outputs(ws, task, snapshot, files, cases, timeout_s) -> list:
-    """The output each case got (None where none came back) on trusted code (the reference or
-    the unfixed snapshot: no agent code runs here)."""
+def _outputs(ws, task, snapshot, files, cases, timeout_s) -> tuple[list, float, int]:
+    """(the output each case got (None where none came back), seconds, bytes written) on trusted
+    code (the reference or the unfixed snapshot: no agent code runs here)."""
     nonce = secrets.token_hex(16)
+    start = time.monotonic()
     out, _ = run_child(ws, task, snapshot, files, {"op": "run", "nonce": nonce, "cases": cases,
                                                     "call_seconds": CALL_SECONDS}, timeout_s)
-    from composer_jax.env.verdict import read_case_lines
     got, _ = read_case_lines(out, nonce)
-    return [got.get(i, [None])[0] for i in range(len(cases))]
+    return ([got.get(i, [None])[0] for i in range(len(cases))], time.monotonic() - start,
+            len(out))
 
 
 def _usable(out) -> bool:
-    from composer_jax.env.secret_child import opaque
     if not isinstance(out, list) or not out:
         return False
     if out[0] == "e":
@@ -252,9 +255,9 @@ def build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None = None
     if not pool:
         data["why"] = "the tests call the changed functions with no plain-data arguments"
         return _save(path, data)
-    ref1 = _outputs(ws, task, snapshot, {**tests, **solution}, pool, timeout_s)
-    ref2 = _outputs(ws, task, snapshot, {**tests, **solution}, pool, timeout_s)
-    bug = _outputs(ws, task, snapshot, tests, pool, timeout_s)
+    ref1, seconds, size = _outputs(ws, task, snapshot, {**tests, **solution}, pool, timeout_s)
+    ref2, _, _ = _outputs(ws, task, snapshot, {**tests, **solution}, pool, timeout_s)
+    bug, _, _ = _outputs(ws, task, snapshot, tests, pool, timeout_s)
     keep = []
     for c, a, b, u in zip(pool, ref1, ref2, bug):
         if a is not None and a == b and _usable(a):
@@ -264,7 +267,13 @@ def build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None = None
     data["cases"] = keep[:MAX_CASES]
     if not data["cases"]:
         data["why"] = "no deterministic plain-data output on the harvested inputs"
+    data["seconds"] = seconds  # all candidates': upper bounds for the kept cases
+    data["output_bytes"] = size
     return _save(path, data)
+
+
+def _inputs(cases: list[dict]) -> list[dict]:
+    return [{"f": c["f"], "args": c["args"], "kwargs": c["kwargs"]} for c in cases]
 
 
 def _harvested(out: str, nonce: str) -> list[dict]:
@@ -307,10 +316,11 @@ def check(ws, task: Task, task_dir: pathlib.Path, files: dict, timeout_s: float)
     if not cases:
         return SecretResult(0, 0)
     nonce = secrets.token_hex(16)
-    inputs = [{"f": c["f"], "args": c["args"], "kwargs": c["kwargs"]} for c in cases]
     out, timed_out = run_child(ws, task, pathlib.Path(task_dir) / "snapshot", files,
-                               {"op": "run", "nonce": nonce, "cases": inputs,
-                                "call_seconds": CALL_SECONDS}, timeout_s)
+                               {"op": "run", "nonce": nonce, "cases": _inputs(cases),
+                                "call_seconds": CALL_SECONDS},
+                               budget_s(data.get("seconds", 0.0), timeout_s),
+                               budget_bytes(data.get("output_bytes", 0)))
     try:
         res = compare_outputs(out, nonce, [c["out"] for c in cases])
     except EvaluationOverrun as exc:

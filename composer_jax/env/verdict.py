@@ -24,7 +24,7 @@ import json
 import re
 
 MARK = "@@CJ_OBS@@"
-SUMMARY_VERSION = 5   # bump when `reference_summary` changes (cached summaries are keyed by it)
+SUMMARY_VERSION = 6   # bump when `reference_summary` changes (cached summaries are keyed by it)
 REGEX_TEXT_LIMIT = 1 << 16
 
 
