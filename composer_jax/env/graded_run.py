@@ -33,7 +33,7 @@ from composer_jax.env.verdict import SUMMARY_VERSION, read_records
 
 HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
 OUTPUT_BYTES = 32 << 20
-GRACE_S = 0.5     # a graded run may take GRACE_S + FACTOR x the reference's time
+GRACE_S = 0.25    # a graded run may take GRACE_S + FACTOR x the reference's time
 FACTOR = 3.0      # and write GRACE_BYTES + FACTOR x what the reference wrote
 GRACE_BYTES = 64 << 10
 # What the graded process imports before any test: its own modules and those of `python -m`.
