@@ -180,9 +180,10 @@ def test_held_back_tests_are_nowhere_in_the_agents_sandbox(case_pool):
     task, d, cfg = case_task(case_pool)
     method = task.held_back[0].rsplit(".", 1)[1]
     assert method not in task.problem_statement
-    find = ("grep -rl --include=test_fnmatch.py '{}' / 2>/dev/null | grep -v ^/proc "
+    find = ("grep -rla --include=test_fnmatch.py {} '{}' / 2>/dev/null | grep -v ^/proc "
             "| sort | tr '\\n' ' '")
-    probe = f"{find.format('def test_')}; echo '|'; {find.format('def ' + method + '(')}"
+    probe = (f"{find.format('', 'def test_')}; echo '|'; "  # sources and bytecode
+             f"{find.format(chr(39) + '--include=test_fnmatch.*.pyc' + chr(39), method)}")
     from composer_jax.env.workspace import open_workspace
     with open_workspace(d / "snapshot", cfg, python_version=task.python_version) as ws:
         out = ws.call("run_terminal_cmd", {"command": probe, "timeout": 60}).output

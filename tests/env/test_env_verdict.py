@@ -195,6 +195,11 @@ def test_secret_outputs_are_compared_as_data():
     exc = ["e", ["builtins.ValueError", "builtins.Exception", "builtins.BaseException"]]
     assert same_output(["e", ["mod.MyError", "builtins.ValueError", "builtins.Exception"]], exc)
     assert not same_output(["e", ["builtins.TypeError", "builtins.Exception"]], exc)
+    universal = ["mod.Any", "builtins.TypeError", "builtins.ValueError", "builtins.Exception"]
+    assert not same_output(["e", universal], exc)  # one class deriving from them all
+    third = ["r", gu.canon({"x": [0.1 + 0.2, 1]}), []]
+    assert same_output(["r", gu.canon({"x": [0.3, 1.0]}), []], third)  # rounding, 1 == 1.0
+    assert not same_output(["r", gu.canon({"x": [0.3001, 1]}), []], third)
     assert not same_output("garbage", ret) and not same_output(["r"], ret)
     out = ("@@CJ_CASE@@k:" + '{"i": 0, "out": ["r", ["i", "1"], []]}\n'
            "@@CJ_CASE@@k:" + '{"i": 1, "out": ["r", ["i", "5"], []]}\n'
