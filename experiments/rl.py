@@ -200,6 +200,7 @@ def _train(cfg: Config, workdir: pathlib.Path, stop) -> dict:
     run files, the driver on the chosen backend, then the plots."""
     from composer_jax.rl.backend import make_backend
     from composer_jax.rl.driver import run_rl
+    from composer_jax.rl.family_eval import checkpoint_eval_fn
     from composer_jax.rl.plots import write_plots
     from composer_jax.rl.settings import settings_from_config
     from composer_jax.rl.tasks import family_of
@@ -210,7 +211,8 @@ def _train(cfg: Config, workdir: pathlib.Path, stop) -> dict:
     backend = make_backend(settings)
     try:
         summary = run_rl(program_spec(cfg), workdir, settings, make_store(cfg, backend),
-                         stop_event=stop, eval_fn=family.make_eval_fn(), backend=backend)
+                         stop_event=stop, eval_fn=checkpoint_eval_fn(cfg, family),
+                         backend=backend)
     finally:
         backend.shutdown()
     write_plots(workdir, summary)

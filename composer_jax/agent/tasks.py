@@ -28,8 +28,11 @@ Optional hooks (defaults in `TaskFamily`):
     engine_settings() -> dict        EngineConfig fields of the policy server (max_len,
                                      prefill_batch)
     make_eval_fn()                   driver side: `eval_fn(model, version) -> dict` for the
-                                     checkpoint evaluator, or None to run greedy episodes of the
-                                     held-out tasks (`make_tasks("eval")`)
+                                     checkpoint evaluator, or None (`rl.family_eval.checkpoint_eval_fn`)
+    heldout_on_checkpoints: bool     with no eval_fn of its own: True = the checkpoint evaluator
+                                     runs the held-out tasks' episodes with each checkpoint's
+                                     weights (`rl.family_eval.FamilyEvaluator`); False = the
+                                     rollout workers run them on the policy server
     sample_prompts() -> list         a few chat prompts (lists of {"role", "content"}) that
                                      `generate` samples a run's checkpoints with (default: none;
                                      single-turn families: distinct held-out prompts)
@@ -56,6 +59,7 @@ class TaskFamily:
     name: ClassVar[str] = ""
     config_cls: ClassVar[type[TaskConfig]] = TaskConfig
     grades_code: ClassVar[bool] = False   # True: the reward runs agent code (needs the sandbox)
+    heldout_on_checkpoints: ClassVar[bool] = False    # module docstring
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -4,15 +4,15 @@ model. Built from the run's resolved config (`config.to_dict`), so every process
 same program; importing this module imports no JAX (rollout workers)."""
 from __future__ import annotations
 
+from composer_jax.config import Config, from_dict, to_dict
 from composer_jax.rl.program import ProgramSpec
+from composer_jax.rl.tasks import family_of
 
 
 class TaskProgram:
     """An `RLProgram` (rl/program.py) of the task family `cfg.rl.task.family`."""
 
     def __init__(self, config: dict):
-        from composer_jax.config import Config, from_dict
-        from composer_jax.rl.tasks import family_of
         self.cfg = from_dict(Config, config)
         self.family = family_of(self.cfg)
         self.eval_name = "heldout_" + self.family.name.rsplit(".", 1)[-1]   # metrics prefix
@@ -29,12 +29,12 @@ class TaskProgram:
         return self.family.run_episode(task_id, seed, policy, greedy=greedy, **resume_kw)
 
     def make_policy(self):
-        from composer_jax.rl.policy_server import EnginePolicyServer
+        from composer_jax.rl.policy_server import EnginePolicyServer  # JAX: not in rollout workers
         return EnginePolicyServer(self.cfg, self.family.initial_model(),
                                   self.family.engine_settings())
 
     def make_learner(self):
-        from composer_jax.rl.learner import ModelLearner
+        from composer_jax.rl.learner import ModelLearner  # JAX: not in rollout workers
         return ModelLearner(self.cfg, self.family.initial_model)
 
 
@@ -44,5 +44,4 @@ def make(config: dict) -> TaskProgram:
 
 def task_program_spec(cfg) -> ProgramSpec:
     """The ProgramSpec of cfg's task family (after the family's `prepare`)."""
-    from composer_jax.config import to_dict
     return ProgramSpec("composer_jax.rl.task_program:make", {"config": to_dict(cfg)})

@@ -31,7 +31,7 @@ from composer_jax.agent.tasks import TaskFamily
 from composer_jax.agent.token_agent import AgentConfig, SeededTurns, TokenAgent
 from composer_jax.config.rl import CodingTaskConfig
 from composer_jax.errors import ConfigError
-from composer_jax.rl.tasks import register
+from composer_jax.rl.tasks.registry import register
 
 
 @functools.lru_cache(maxsize=4)
