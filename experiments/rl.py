@@ -173,14 +173,17 @@ def program_spec(cfg: Config):
 def prepare(cfg: Config) -> Config:
     """The run's config resolved by its task family: a family with experiment settings of its
     own (parity, coding) gets them first (`with_task_defaults`); then the family's `prepare`
-    (coding: the pool, the initial policy and its model); then, on the resolved model, that
+    (coding: the pool, the initial policy and its model); then `train.init_from` (the initial
+    policy of every family: its run's model, or a ConfigError; `rl.initial_policy`); then, on the resolved model, that
     `inference.speculative` has the MTP modules it drafts with (a ConfigError before anything
     is built)."""
+    from composer_jax.rl.initial_policy import resolve_init_from
     from composer_jax.rl.tasks import get
     defaults = {"coding": _coding_config, "parity": _config}.get(cfg.rl.task.family)
     if defaults is not None:
         cfg = with_task_defaults(cfg, defaults)
-    cfg = get(cfg.rl.task.family).prepare(cfg)
+    family = get(cfg.rl.task.family)
+    cfg = resolve_init_from(family.prepare(cfg), family)
     cfg.inference.check_model(cfg.model.mtp_depth)   # inference.speculative needs an MTP head
     return cfg
 

@@ -28,14 +28,18 @@ class TaskProgram:
         """`resume_kw` (checkpoint=, resume=) only when the family is `resumable`."""
         return self.family.run_episode(task_id, seed, policy, greedy=greedy, **resume_kw)
 
+    def initial_model(self):
+        """The run's initial policy (`rl.initial_policy`: train.init_from, else the family's)."""
+        from composer_jax.rl.initial_policy import initial_model  # JAX: not in rollout workers
+        return initial_model(self.cfg, self.family)
+
     def make_policy(self):
         from composer_jax.rl.policy_server import EnginePolicyServer  # JAX: not in rollout workers
-        return EnginePolicyServer(self.cfg, self.family.initial_model(),
-                                  self.family.engine_settings())
+        return EnginePolicyServer(self.cfg, self.initial_model(), self.family.engine_settings())
 
     def make_learner(self):
         from composer_jax.rl.learner import ModelLearner  # JAX: not in rollout workers
-        return ModelLearner(self.cfg, self.family.initial_model)
+        return ModelLearner(self.cfg, self.initial_model)
 
 
 def make(config: dict) -> TaskProgram:
