@@ -24,6 +24,9 @@ import pathlib
 import sys
 import time
 
+from composer_jax.config import to_dict
+from composer_jax.errors import ConfigError
+
 
 def is_remote(path) -> bool:
     """Whether `path` is a URL (gs://, s3://, ...) rather than a local path."""
@@ -87,7 +90,6 @@ class WandbWriter:
         try:
             import wandb
         except ImportError:
-            from composer_jax.errors import ConfigError
             raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: "
                               f"pip install -e '.[wandb]' (or set train.wandb_project='')") from None
         workdir = run_path(workdir)
@@ -149,7 +151,6 @@ class MetricsWriter:
                 replay_rows(self._tb, kept)      # one event file: the kept rows, then new ones
         tc = getattr(config, "train", None)
         if tc is not None and getattr(tc, "wandb_project", "") and tc.wandb_mode != "disabled":
-            from composer_jax.config import to_dict
             self._wandb = WandbWriter(tc.wandb_project, self.workdir, to_dict(config), tc.wandb_mode)
 
     def write(self, step: int, metrics: dict) -> None:
