@@ -163,12 +163,34 @@ def task_config_class(name: str) -> type[TaskConfig]:
     if name not in _TASK_CONFIGS and "." in name:
         try:
             importlib.import_module(name)
-        except ImportError as e:
-            raise ConfigError(f"rl.task={name!r}: cannot import the task family module: {e}") from None
+        except ModuleNotFoundError as e:
+            if e.name is not None and name.startswith(e.name):
+                raise ConfigError(f"rl.task={name!r}: no module {e.name!r} (a plug-in task family "
+                                  f"is an importable module path)") from None
+            raise ConfigError(f"rl.task={name!r}: importing the task family module failed: "
+                              f"{_where(e)}{type(e).__name__}: {e}") from None
+        except Exception as e:  # noqa: BLE001  (the family module's own error, shown as it is)
+            raise ConfigError(f"rl.task={name!r}: importing the task family module failed: "
+                              f"{_where(e)}{type(e).__name__}: {e}") from None
+        if name not in _TASK_CONFIGS:
+            raise ConfigError(f"rl.task={name!r}: the module imported but registered no task family "
+                              f"named {name!r}: decorate its family class with "
+                              f"composer_jax.rl.tasks.register, and give its config class "
+                              f"(a TaskConfig subclass) `family: str = __name__`")
     if name not in _TASK_CONFIGS:
         raise ConfigError(f"unknown rl task family {name!r}; registered: {sorted(_TASK_CONFIGS)} "
                           f"(a plug-in family is a module path, --set rl.task=package.module)")
     return _TASK_CONFIGS[name]
+
+
+def _where(e: BaseException) -> str:
+    """'file:line: ' of the innermost frame of an exception (where a family module failed)."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}: "
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}: " if tb is not None else ""
 
 
 class _TaskPresets(dict):

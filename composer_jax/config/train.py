@@ -60,6 +60,7 @@ class TrainConfig:
     profile_steps: tuple[int, ...] = ()   # jax.profiler trace of these steps -> WORKDIR/profile/
     wandb_project: str = ""        # "" = no Weights & Biases run; else log metrics to this project
     wandb_mode: str = "online"     # "online" | "offline" (wandb sync later) | "disabled"
+    wandb_group: str = ""          # W&B run group ("" = none; a sweep's trials share the sweep's)
     compilation_cache: bool = True  # JAX persistent compilation cache under <cache dir>/jax_compilation
 
     def __post_init__(self):
