@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from composer_jax.inference.params import SamplingParams
+from composer_jax.protocol.params import SamplingParams
 
 METHODS = ("generate", "submit", "wait", "end_session")
 

@@ -45,7 +45,7 @@ import zlib
 
 from composer_jax.agent import lookup as lk
 from composer_jax.config.rl import LookupTaskConfig
-from composer_jax.rl.tasks import register
+from composer_jax.rl.tasks.registry import register
 from composer_jax.rl.tasks.lookup import LookupFamily
 
 

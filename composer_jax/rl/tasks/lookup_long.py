@@ -27,7 +27,7 @@ import types
 from composer_jax.agent import lookup_long as ll
 from composer_jax.agent.token_agent import ScriptedPolicy, TokenAgent
 from composer_jax.config.rl import LookupTaskConfig
-from composer_jax.rl.tasks import register
+from composer_jax.rl.tasks.registry import register
 from composer_jax.rl.tasks.lookup import LookupFamily
 
 

@@ -32,8 +32,8 @@ from composer_jax.config import TaskConfig
 from composer_jax.config.checks import _check
 from composer_jax.errors import ConfigError
 from composer_jax.heldout import HELDOUT_MODULES
-from composer_jax.inference.params import SamplingParams
-from composer_jax.rl.tasks import register
+from composer_jax.protocol.params import SamplingParams
+from composer_jax.rl.tasks.registry import register
 
 NAME = __name__
 
