@@ -43,6 +43,7 @@ LAYERS = {
     "overrides": ("config", "errors"),
     "registry": ("errors", "experiments"),
     "api": ("config", "data", "errors", "overrides", "registry"),
+    "rerun": ("api", "errors", "overrides"),
     "composer_jax": (),
     "experiments": ("*",),
 }
@@ -60,13 +61,13 @@ KNOWN_CROSSINGS = {
 }
 
 # Function-level project imports in composer_jax/ and pallas_kernels/ (208 before issue 43).
-FUNCTION_LEVEL_BUDGET = 51
+FUNCTION_LEVEL_BUDGET = 47
 # Files whose owners have not yet commented their deferred imports: file -> how many may be bare.
 UNCOMMENTED_ALLOWED = {
     "composer_jax/env/doctor.py": 6, "composer_jax/env/trust.py": 2,
     "composer_jax/env/tools/semantic.py": 2, "composer_jax/env/check.py": 1,
     "composer_jax/env/graded_run.py": 1, "composer_jax/env/workspace.py": 1,
-    "composer_jax/overrides.py": 4, "composer_jax/dry_run.py": 3,
+    "composer_jax/dry_run.py": 3,
     "composer_jax/model/moe.py": 2, "composer_jax/model/layers.py": 1,
     "composer_jax/parallel/aot.py": 1, "composer_jax/train/step.py": 1,
     "composer_jax/rl/driver.py": 4, "composer_jax/rl/backend_ray.py": 4,

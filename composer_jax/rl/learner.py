@@ -6,6 +6,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from composer_jax.errors import ComposerError
 from composer_jax.rl.batch import make_batch
 from composer_jax.rl.step import build_rl_step
 from composer_jax.rl.weights.engine_sync import publishable
@@ -41,6 +42,9 @@ class ModelLearner:
         fns = self._build()
         rl = self.cfg.rl
         rollouts = [r for g in groups for r in g]
+        if rollouts and all(r.error is not None for r in rollouts):
+            raise ComposerError(f"every rollout of this step failed, so there is nothing to train; "
+                                f"the first: task {rollouts[0].task_id}: {rollouts[0].error}")
         # one row per segment: a self-summarised episode has several, so the rows are padded to
         # the next multiple of B x G (a few fixed shapes, each compiled once)
         rows = rl.batch_groups * rl.group_size
