@@ -173,14 +173,17 @@ def program_spec(cfg: Config):
 def prepare(cfg: Config) -> Config:
     """The run's config resolved by its task family: a family with experiment settings of its
     own (parity, coding) gets them first (`with_task_defaults`); then the family's `prepare`
-    (coding: the pool, the initial policy and its model); then, on the resolved model, that
+    (coding: the pool, the initial policy and its model); then `train.init_from` (the initial
+    policy of every family: its run's model, or a ConfigError; `rl.initial_policy`); then, on the resolved model, that
     `inference.speculative` has the MTP modules it drafts with (a ConfigError before anything
     is built)."""
+    from composer_jax.rl.initial_policy import resolve_init_from
     from composer_jax.rl.tasks import get
     defaults = {"coding": _coding_config, "parity": _config}.get(cfg.rl.task.family)
     if defaults is not None:
         cfg = with_task_defaults(cfg, defaults)
-    cfg = get(cfg.rl.task.family).prepare(cfg)
+    family = get(cfg.rl.task.family)
+    cfg = resolve_init_from(family.prepare(cfg), family)
     cfg.inference.check_model(cfg.model.mtp_depth)   # inference.speculative needs an MTP head
     return cfg
 
@@ -200,6 +203,7 @@ def _train(cfg: Config, workdir: pathlib.Path, stop) -> dict:
     run files, the driver on the chosen backend, then the plots."""
     from composer_jax.rl.backend import make_backend
     from composer_jax.rl.driver import run_rl
+    from composer_jax.rl.family_eval import checkpoint_eval_fn
     from composer_jax.rl.plots import write_plots
     from composer_jax.rl.settings import settings_from_config
     from composer_jax.rl.tasks import family_of
@@ -210,7 +214,8 @@ def _train(cfg: Config, workdir: pathlib.Path, stop) -> dict:
     backend = make_backend(settings)
     try:
         summary = run_rl(program_spec(cfg), workdir, settings, make_store(cfg, backend),
-                         stop_event=stop, eval_fn=family.make_eval_fn(), backend=backend)
+                         stop_event=stop, eval_fn=checkpoint_eval_fn(cfg, family),
+                         backend=backend)
     finally:
         backend.shutdown()
     write_plots(workdir, summary)

@@ -10,8 +10,8 @@ import dataclasses
 from typing import Any, Protocol
 
 from composer_jax.agent.episode_checkpoint import EngineUnavailable
-from composer_jax.inference.params import SamplingParams
-from composer_jax.inference.requests import Completion
+from composer_jax.protocol.params import SamplingParams
+from composer_jax.protocol.requests import Completion
 
 
 class PolicyClient(Protocol):

@@ -56,8 +56,8 @@ from composer_jax.env.tasks.task import Task
 from composer_jax.env.tools import TOOL_SPECS
 from composer_jax.env.workspace import open_workspace
 from composer_jax.errors import ConfigError
-from composer_jax.inference.params import SamplingParams
-from composer_jax.inference.requests import Completion
+from composer_jax.protocol.params import SamplingParams
+from composer_jax.protocol.requests import Completion
 
 try:   # real token counts for the effort penalty (newer env.rewards)
     from composer_jax.env.rewards import EffortCounts

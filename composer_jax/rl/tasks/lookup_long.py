@@ -25,10 +25,13 @@ import random
 import types
 
 from composer_jax.agent import lookup_long as ll
+from composer_jax.agent.lookup import NoteBook
 from composer_jax.agent.token_agent import ScriptedPolicy, TokenAgent
 from composer_jax.config.rl import LookupTaskConfig
-from composer_jax.rl.tasks import register
+from composer_jax.data.targets import add_targets
+from composer_jax.errors import ConfigError
 from composer_jax.rl.tasks.lookup import LookupFamily
+from composer_jax.rl.tasks.registry import register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +56,6 @@ class LookupLongTaskConfig(LookupTaskConfig):
         super().__post_init__()
         if len(self.hops) != 2 or min(self.hops) < 1 or self.filler < 0 \
                 or self.summary_max_tokens < 1:
-            from composer_jax.errors import ConfigError
             raise ConfigError(f"rl.task.hops must be two chain lengths >= 1, filler >= 0 and "
                               f"summary_max_tokens >= 1; got {self.hops}, {self.filler}, "
                               f"{self.summary_max_tokens}")
@@ -135,7 +137,7 @@ class LookupLongFamily(LookupFamily):
         return r
 
     def initial_model(self):
-        from composer_jax.rl.tasks.lookup_sft import initial_model
+        from composer_jax.rl.tasks.lookup_sft import initial_model  # JAX: not in rollout workers
         t = self.task_cfg
         tasks = self._make(t.num_train_tasks, t.sft_seed, "train")
         salt = (f"long-v2-{t.hops}-{t.filler}-" + ("letters-" if t.letter_codes else "")
@@ -147,8 +149,7 @@ class LookupLongFamily(LookupFamily):
         (each row one segment, loss on its sampled tokens)."""
         import numpy as np
 
-        from composer_jax.data.targets import add_targets
-        from composer_jax.rl.tasks.lookup_sft import lm_policy
+        from composer_jax.rl.tasks.lookup_sft import lm_policy  # JAX: not in rollout workers
         segs = [s for t in tasks for s in self.scripted_episode(t).segments]
         width = -(-max(len(s) for s in segs) // 16) * 16
         rng = random.Random(cfg.rl.task.sft_seed)
@@ -171,5 +172,4 @@ class LookupLongFamily(LookupFamily):
 
 def ll_book(task):
     """The in-process tools over a long task's notes (`agent.lookup.NoteBook`)."""
-    from composer_jax.agent.lookup import NoteBook
     return NoteBook(task)
