@@ -35,6 +35,7 @@ from composer_jax.env.config import SandboxBackend
 from composer_jax.env.graded_run import budget_bytes, budget_s, copy_tree
 from composer_jax.env.sandbox import allocate_uid
 from composer_jax.env.secret_child import opaque
+from composer_jax.env.tasks.pool import atomic_write_text
 from composer_jax.env.tasks.task import Task, grading_test_files
 from composer_jax.env.verdict import read_case_lines
 from composer_jax.env.workspace import scratch_parent
@@ -291,7 +292,6 @@ def _harvested(out: str, nonce: str) -> list[dict]:
 
 
 def _save(path: pathlib.Path, data: dict) -> dict:
-    from composer_jax.env.tasks.pool import atomic_write_text
     try:
         atomic_write_text(path, json.dumps(data))
     except OSError:
