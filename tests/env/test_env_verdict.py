@@ -320,3 +320,11 @@ def test_secret_case_targets_are_the_public_code_a_fix_reaches():
     case = {"f": ["m", "C.get"], "init": [[["i", "3"]], []], "args": [], "kwargs": []}
     variants = perturb(case, random.Random(0))
     assert variants and all(v["init"] != case["init"] for v in variants)
+
+
+def test_new_top_level_modules_may_not_shadow_extension_modules():
+    from composer_jax.env.pythons import find_pythons
+    from composer_jax.env.tamper import stdlib_module_names
+    py = max(find_pythons().values(), key=lambda p: tuple(map(int, p.version.split("."))))
+    names = stdlib_module_names(py.stdlib)
+    assert {"json", "unittest", "os", "array", "_json"} <= names
