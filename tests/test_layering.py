@@ -53,8 +53,6 @@ LAYERS = {
 KNOWN_CROSSINGS = {
     ("composer_jax/data/sft_env.py", "agent"):
         "SFT samples are the oracle agent's env episodes (agent.episode.run_episode)",
-    ("composer_jax/env/episode.py", "agent"): "issue 39: env re-exports the agent's episode loop",
-    ("composer_jax/env/check.py", "agent"): "issue 39: env runs episodes with the agent's loop",
     ("composer_jax/rl/tasks/coding.py", "registry"):
         "the coding family builds its initial policy with the `sft` experiment",
     ("composer_jax/rl/tasks/coding.py", "api"): "and saves that experiment's config",
@@ -224,8 +222,6 @@ def test_agent_imports_no_engine_model_training_or_rl():
     assert _offending("agent", ("model", "inference", "train", "rl", "parallel", "quant")) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 39: env/check.py and env/episode.py still import "
-                                       "the agent's episode loop")
 def test_env_imports_nothing_above_it():
     assert _offending("env", ("agent", "rl", "train", "inference", "model")) == []
 
