@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import types
 
 from composer_jax.agent import lookup_long as ll
+from composer_jax.agent.forced_engine import ForcedEngine
 from composer_jax.agent.lookup import NoteBook
 from composer_jax.agent.token_agent import ScriptedPolicy, TokenAgent
 from composer_jax.config.rl import LookupTaskConfig
@@ -61,36 +61,6 @@ class LookupLongTaskConfig(LookupTaskConfig):
                               f"{self.summary_max_tokens}")
 
 
-class _ForcedEngine:
-    """An engine that returns each request's forced tokens as sampled (no model), cut where the
-    session's context reaches `max_len` as the real engine cuts: scripted episodes through the
-    token agent for the SFT data."""
-
-    def __init__(self, max_len: int, vocab_size: int):
-        self.cfg = types.SimpleNamespace(max_len=max_len)
-        self.model_cfg = types.SimpleNamespace(vocab_size=vocab_size)
-        self._out: list = []
-        self._used: dict = {}
-
-    def submit(self, ids, params, session=None) -> int:
-        used = self._used.get(session, 0) + len(ids)
-        out = list(params.forced_tokens)[:max(self.cfg.max_len - used, 0)]
-        self._used[session] = used + len(out)
-        self._out.append(out)
-        return len(self._out) - 1
-
-    def wait(self, rid, timeout=None):
-        toks = self._out[rid]
-        n = len(toks)
-        return types.SimpleNamespace(tokens=toks, logprobs=[0.0] * n, raw_logprobs=[0.0] * n,
-                                     versions=[0] * n, router_indices=[],
-                                     prompt_router_indices=None, prompt_router_start=0,
-                                     finish_reason="stop_token")
-
-    def end_session(self, session) -> None:
-        pass
-
-
 @register
 class LookupLongFamily(LookupFamily):
     name = __name__
@@ -125,7 +95,7 @@ class LookupLongFamily(LookupFamily):
     def scripted_episode(self, task, seed: int = 0):
         """An optimal episode of `task` (`agent.lookup_long.Oracle`) through the token agent on a
         forced engine: the SFT data (exact fed and sampled ids, summary turns included)."""
-        engine = _ForcedEngine(self.engine_settings()["max_len"], self.cfg.model.vocab_size)
+        engine = ForcedEngine(self.engine_settings()["max_len"], self.cfg.model.vocab_size)
         oracle = ll.Oracle(task)
         agent = TokenAgent(engine, self.tokenizer(), self.agent_config(greedy=True),
                            self.env_cfg, policy=ScriptedPolicy(oracle, self.tokenizer(),
