@@ -30,6 +30,7 @@ import random
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 
 from composer_jax.env.bounded import EvaluationOverrun, compare_outputs
@@ -52,6 +53,8 @@ MAX_CASES = 48
 CASE_BYTES = 4096
 CALL_SECONDS = 2.0
 INPUT_KEYS = ("f", "init", "args", "kwargs")   # "init": [args, kwargs] of a method's instance
+_LOCK = threading.Lock()
+_LOCKS: dict[str, threading.Lock] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,8 +273,17 @@ def _usable(out) -> bool:
 
 def build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None = None) -> dict:
     """Builds (or loads) the task's secret cases (module docstring); returns the stored dict:
-    {"version", "targets", "cases": [{"f", "args", "kwargs", "out", "seen", "discriminating"}],
-    "why" (when there are none)}."""
+    {"version", "targets", "cases": [{"f", "init"?, "args", "kwargs", "out", "seen",
+    "discriminating"}], "seconds", "output_bytes", "why" (when there are none)}. Concurrent
+    callers for one task (a group of episodes) build once."""
+    key = str(pathlib.Path(task_dir).resolve())
+    with _LOCK:
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        return _build(ws, task, pathlib.Path(task_dir), timeout_s)
+
+
+def _build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None) -> dict:
     task_dir = pathlib.Path(task_dir)
     path = task_dir / FILE
     try:
