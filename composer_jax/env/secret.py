@@ -35,7 +35,7 @@ import time
 
 from composer_jax.env.bounded import EvaluationOverrun, compare_outputs
 from composer_jax.env.config import SandboxBackend
-from composer_jax.env.graded_run import budget_bytes, budget_s, copy_tree
+from composer_jax.env.graded_run import budget_bytes, budget_s, copy_tree, module_name
 from composer_jax.env.sandbox import allocate_uid
 from composer_jax.env.secret_child import opaque
 from composer_jax.env.tasks.pool import atomic_write_text
@@ -67,11 +67,6 @@ class SecretResult:
     @property
     def ok(self) -> bool:
         return self.passed == self.total and not self.detail
-
-
-def _module(rel: str) -> str:
-    parts = rel[:-3].split("/")
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _functions(text: str) -> dict[str, ast.FunctionDef]:
@@ -146,7 +141,7 @@ def targets(before: dict[str, str], after: dict[str, str]) -> list[tuple[str, st
             callers = {n for n, f in new.items() if n not in changed and _calls(n, f) & changed}
             grew = bool(callers)
             changed |= callers
-        out += [(_module(rel), n) for n in sorted(changed) if _callable_as_data(n, new[n])]
+        out += [(module_name(rel), n) for n in sorted(changed) if _callable_as_data(n, new[n])]
     return out
 
 
@@ -241,7 +236,7 @@ def run_child(ws, task: Task, snapshot: pathlib.Path, files: dict, request: dict
         sandbox = ws.new_sandbox(tree, uid, scratch=tmp / "hidden")
         try:
             cmd = " ".join([*_python_argv(ws), ".cj_case/secret_child.py"])
-            fresh = sorted({_module(r).split(".")[0] for r in task.edit_files})
+            fresh = sorted({module_name(r).split(".")[0] for r in task.edit_files})
             r = sandbox.run(cmd, timeout_s=timeout_s, max_output_bytes=max_output_bytes,
                             stdin_data=(json.dumps({**request, "fresh": fresh}) + "\n").encode())
         finally:
