@@ -2,9 +2,11 @@
 
 Built once per task by the trusted side (`build`, at generation or on first grading), stored in
 `<task_dir>/secret_cases.json` - the task directory is never mounted in a sandbox:
-  1. targets: the public module-level functions of the edit files whose code the reference fix
-     changes, or that call (transitively, by name) a changed function (`targets`);
-  2. inputs: every distinct call of a target with plain-data arguments during the reference's run
+  1. targets: the public module-level functions and public methods of module-level classes of
+     the edit files whose code the reference fix changes, or that call (transitively, by name or
+     as `self.m`) a changed one (`targets`);
+  2. inputs: every distinct call of a target with plain-data arguments (for a method: on an
+     instance whose constructor got plain data; the case rebuilds it) during the reference's run
      of the task's tests (`secret_child.py harvest`), plus perturbations of each argument
      (`perturb`, seeded) - inputs no test shows;
   3. outputs: the reference computes each case twice (cases that differ, time out or return
@@ -13,8 +15,8 @@ Built once per task by the trusted side (`build`, at generation or on first grad
 At grading (`check`), a fresh process in a fresh sandbox over the graded tree imports the agent's
 code, receives only the inputs and prints the outputs; the parent compares them in a bounded
 process (`bounded.compare_outputs`). Passing therefore needs correct outputs on inputs the agent
-never saw. Tasks whose changed functions take no plain data (methods, objects) get no cases, and
-`secret_cases.json` says why.
+never saw. Tasks whose changed code is reached only with objects that are not plain data get no
+cases, and `secret_cases.json` says why.
 """
 from __future__ import annotations
 
@@ -44,11 +46,12 @@ HERE = pathlib.Path(__file__).resolve().parent
 CHILD = HERE / "secret_child.py"
 CANON = HERE / "graded_unittest.py"
 FILE = "secret_cases.json"
-VERSION = 3
+VERSION = 4
 MAX_HARVEST = 200
 MAX_CASES = 48
 CASE_BYTES = 4096
 CALL_SECONDS = 2.0
+INPUT_KEYS = ("f", "init", "args", "kwargs")   # "init": [args, kwargs] of a method's instance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,20 +72,63 @@ def _module(rel: str) -> str:
 
 
 def _functions(text: str) -> dict[str, ast.FunctionDef]:
+    """qualname -> definition of the module-level functions ("f") and of the methods of
+    module-level classes ("C.m")."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
         return {}
-    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    out = {}
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef):
+            out[n.name] = n
+        elif isinstance(n, ast.ClassDef):
+            out.update({f"{n.name}.{m.name}": m for m in n.body if isinstance(m, ast.FunctionDef)})
+    return out
 
 
-def _calls(fn: ast.FunctionDef) -> set[str]:
-    return {n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Name)}
+def _calls(qual: str, fn: ast.FunctionDef) -> set[str]:
+    """What `fn` calls by name: module functions, and `self.m(...)` as "C.m" in a method of C."""
+    cls = qual.split(".")[0] + "." if "." in qual else None
+    out = set()
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call):
+            if isinstance(n.func, ast.Name):
+                out.add(n.func.id)
+            elif cls and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
+                    and n.func.value.id == "self":
+                out.add(cls + n.func.attr)
+    return out
+
+
+SKIP_DECORATORS = frozenset({"property", "contextmanager", "staticmethod", "classmethod",
+                             "abstractmethod", "cached_property"})
+
+
+NOT_CALLED = frozenset({"__init__", "__new__", "__del__", "__init_subclass__", "__repr__",
+                        "__str__", "__hash__", "__eq__", "__ne__", "__iter__", "__enter__",
+                        "__exit__", "__getattr__", "__getattribute__", "__setattr__"})
+
+
+def _public(name: str) -> bool:
+    """Not private; special methods count as public (`obj[k]` calls `__getitem__`)."""
+    dunder = name.startswith("__") and name.endswith("__")
+    return not name.startswith("_") or (dunder and name not in NOT_CALLED)
+
+
+def _callable_as_data(qual: str, fn: ast.FunctionDef) -> bool:
+    """Public, neither a property/static/class method nor a generator."""
+    return (all(_public(p) for p in qual.split("."))
+            and not any(isinstance(d, ast.Name) and d.id in SKIP_DECORATORS
+                        or isinstance(d, ast.Attribute) and d.attr in ("setter", "getter")
+                        for d in fn.decorator_list)
+            and not any(isinstance(x, (ast.Yield, ast.YieldFrom)) for x in ast.walk(fn)))
 
 
 def targets(before: dict[str, str], after: dict[str, str]) -> list[tuple[str, str]]:
-    """(module, function) pairs to build cases for (module docstring, step 1)."""
+    """(module, "function" or "Class.method") pairs to build cases for: public ones the fix
+    changes, that call a changed one, or whose class's constructor changed (module docstring,
+    step 1)."""
     out = []
     for rel in sorted(after):
         if not rel.endswith(".py"):
@@ -90,15 +136,14 @@ def targets(before: dict[str, str], after: dict[str, str]) -> list[tuple[str, st
         old, new = _functions(before.get(rel, "")), _functions(after[rel])
         changed = {n for n, f in new.items()
                    if n not in old or ast.dump(old[n]) != ast.dump(f)}
+        built = {n.split(".")[0] + "." for n in changed if n.endswith(".__init__")}
+        changed |= {n for n in new if n.startswith(tuple(built))}  # state the methods read
         grew = True
         while grew:
-            callers = {n for n, f in new.items() if n not in changed and _calls(f) & changed}
+            callers = {n for n, f in new.items() if n not in changed and _calls(n, f) & changed}
             grew = bool(callers)
             changed |= callers
-        out += [(_module(rel), n) for n in sorted(changed) if not n.startswith("_")
-                and not any(isinstance(d, ast.Name) and d.id in ("property", "contextmanager")
-                            for d in new[n].decorator_list)
-                and not any(isinstance(x, (ast.Yield, ast.YieldFrom)) for x in ast.walk(new[n]))]
+        out += [(_module(rel), n) for n in sorted(changed) if _callable_as_data(n, new[n])]
     return out
 
 
@@ -144,7 +189,8 @@ def perturb(case: dict, rng: random.Random, n: int = 4) -> list[dict]:
     """Up to `n` variants of a harvested call, each with one argument changed (`_tweak`)."""
     out = []
     slots = [("args", i) for i in range(len(case["args"]))] + \
-            [("kwargs", i) for i in range(len(case["kwargs"]))]
+            [("kwargs", i) for i in range(len(case["kwargs"]))] + \
+            [("init", i) for i in range(len(case.get("init", [[]])[0]))]
     for _ in range(3 * n):
         if not slots or len(out) >= n:
             break
@@ -155,6 +201,11 @@ def perturb(case: dict, rng: random.Random, n: int = 4) -> list[dict]:
             if t is None:
                 continue
             new["args"][i] = t
+        elif where == "init":
+            t = _tweak(new["init"][0][i], rng)
+            if t is None:
+                continue
+            new["init"][0][i] = t
         else:
             t = _tweak(new["kwargs"][i][1], rng)
             if t is None:
@@ -238,7 +289,7 @@ def build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None = None
     found = targets(before, after)
     data = {"version": VERSION, "targets": [list(t) for t in found], "cases": []}
     if not found:
-        data["why"] = "the fix changes no public module-level function (methods or objects only)"
+        data["why"] = "the fix changes no public function or method (private or special ones only)"
         return _save(path, data)
     tests = grading_test_files(task, task_dir)
     nonce = secrets.token_hex(16)
@@ -254,7 +305,8 @@ def build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None = None
     rng.shuffle(pool)
     pool = pool[:4 * MAX_CASES]
     if not pool:
-        data["why"] = "the tests call the changed functions with no plain-data arguments"
+        data["why"] = ("the tests call the changed functions with no plain-data arguments (or on "
+                       "objects not built from plain data)")
         return _save(path, data)
     ref1, seconds, size = _outputs(ws, task, snapshot, {**tests, **solution}, pool, timeout_s)
     ref2, _, _ = _outputs(ws, task, snapshot, {**tests, **solution}, pool, timeout_s)
@@ -274,7 +326,7 @@ def build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None = None
 
 
 def _inputs(cases: list[dict]) -> list[dict]:
-    return [{"f": c["f"], "args": c["args"], "kwargs": c["kwargs"]} for c in cases]
+    return [{k: c[k] for k in INPUT_KEYS if k in c} for c in cases]
 
 
 def _harvested(out: str, nonce: str) -> list[dict]:
@@ -287,7 +339,7 @@ def _harvested(out: str, nonce: str) -> list[dict]:
             except ValueError:
                 continue
             if isinstance(c, dict) and "f" in c:
-                calls.append({"f": c["f"], "args": c["args"], "kwargs": c["kwargs"]})
+                calls.append({k: c[k] for k in INPUT_KEYS if k in c})
     return calls
 
 

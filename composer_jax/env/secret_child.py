@@ -4,8 +4,9 @@ Run by `composer_jax.env.secret` in a fresh sandbox over a tree (the reference's
 agent's graded tree at grading), as `python secret_child.py` with the tree as working directory.
 It imports nothing from composer_jax and runs on every CPython >= 3.8; `canon` comes from
 `graded_unittest.py`, staged next to it. One JSON request on stdin:
-  {"op": "run", "nonce", "cases": [{"f": [module, name], "args": [canon], "kwargs": [[k, canon]]}],
-   "call_seconds"}  -> one line per case: MARK nonce ":" {"i", "out"} where out is
+  {"op": "run", "nonce", "cases": [{"f": [module, name], "args": [canon], "kwargs": [[k, canon]],
+   "init": [[canon], [[k, canon]]] (for name "Class.method": the instance's constructor
+   arguments)}], "call_seconds"}  -> one line per case: MARK nonce ":" {"i", "out"} where out is
    ["r", canon(result), [canon(arg) after the call...]] or ["e", [exception class names]];
   {"op": "harvest", "nonce", "targets": [[module, name]], "tests": [ids], "max_calls"} -> runs the
    tests with the targets wrapped and prints each distinct call whose arguments are plain data.
@@ -79,6 +80,18 @@ def _mro(exc):
     return [c.__module__ + "." + c.__qualname__ for c in type(exc).__mro__]
 
 
+def _target(case):
+    """The callable a case names: a module function, or a method of a freshly built instance."""
+    obj = _import(case["f"][0])
+    name = case["f"][1]
+    if "." in name:
+        cls_name, name = name.split(".", 1)
+        init_args, init_kwargs = case.get("init", [[], []])
+        obj = getattr(obj, cls_name)(*[value(a) for a in init_args],
+                                     **{k: value(v) for k, v in init_kwargs})
+    return getattr(obj, name)
+
+
 def run_cases(req, canon, emit):
     signal.signal(signal.SIGALRM, _alarm)
     seconds = float(req.get("call_seconds", 2.0))
@@ -92,7 +105,7 @@ def run_cases(req, canon, emit):
         try:
             signal.setitimer(signal.ITIMER_REAL, seconds)
             try:
-                fn = getattr(_import(case["f"][0]), case["f"][1])
+                fn = _target(case)
                 result = fn(*args, **kwargs)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -109,37 +122,74 @@ def run_cases(req, canon, emit):
 
 def harvest(req, canon, emit):
     import unittest
-    targets = [tuple(t) for t in req["targets"]]
     limit = int(req.get("max_calls", 200))
     seen = set()
+    inits = {}   # id(instance) -> (class, canonical constructor arguments)
 
-    def wrap(key, fn):
+    def plain_call(args, kwargs):
+        c = [[canon(a) for a in args], [[k, canon(v)] for k, v in sorted(kwargs.items())]]
+        if any(opaque(x) for x in c[0]) or any(opaque(v) for _, v in c[1]):
+            return None
+        return c
+
+    def record(key, args, kwargs, init=None):
+        if len(seen) >= limit:
+            return
+        try:
+            c = plain_call(args, kwargs)
+            if c is None:
+                return
+            case = {"f": list(key), "args": c[0], "kwargs": c[1]}
+            if init is not None:
+                case["init"] = init
+            s = json.dumps(case, sort_keys=True)
+            if s not in seen and len(s) <= 4096:
+                seen.add(s)
+                emit(case)
+        except Exception:
+            pass
+
+    def wrap_function(key, fn):
         def wrapper(*args, **kwargs):
-            if len(seen) < limit:
+            record(key, args, kwargs)
+            return fn(*args, **kwargs)
+        return _like(wrapper, fn)
+
+    def wrap_method(key, cls, fn):
+        def wrapper(self, *args, **kwargs):
+            got = inits.get(id(self))
+            if got is not None and got[0] is type(self) is cls:
+                record(key, args, kwargs, got[1])
+            return fn(self, *args, **kwargs)
+        return _like(wrapper, fn)
+
+    def wrap_init(cls):
+        orig = cls.__init__
+
+        def __init__(self, *args, **kwargs):
+            if type(self) is cls:
                 try:
-                    c = {"f": list(key), "args": [canon(a) for a in args],
-                         "kwargs": [[k, canon(v)] for k, v in sorted(kwargs.items())]}
-                    if not any(opaque(x) for x in c["args"]) and \
-                            not any(opaque(v) for _, v in c["kwargs"]):
-                        s = json.dumps(c, sort_keys=True)
-                        if s not in seen and len(s) <= 4096:
-                            seen.add(s)
-                            emit(c)
+                    c = plain_call(args, kwargs)
+                    if c is not None:
+                        inits[id(self)] = (cls, c)
                 except Exception:
                     pass
-            return fn(*args, **kwargs)
-        wrapper.__wrapped__ = fn
-        for a in ("__name__", "__qualname__", "__doc__", "__module__"):
-            try:
-                setattr(wrapper, a, getattr(fn, a))
-            except Exception:
-                pass
-        return wrapper
+            return orig(self, *args, **kwargs)
+        return _like(__init__, orig)
 
-    for mod, name in targets:
+    wrapped = set()
+    for mod, name in [tuple(t) for t in req["targets"]]:
         try:
             m = _import(mod)
-            setattr(m, name, wrap((mod, name), getattr(m, name)))
+            if "." not in name:
+                setattr(m, name, wrap_function((mod, name), getattr(m, name)))
+                continue
+            cls_name, meth = name.split(".", 1)
+            cls = getattr(m, cls_name)
+            if cls not in wrapped:
+                wrapped.add(cls)
+                cls.__init__ = wrap_init(cls)
+            setattr(cls, meth, wrap_method((mod, name), cls, cls.__dict__[meth]))
         except Exception:
             continue
     suite = unittest.TestSuite()
@@ -150,6 +200,17 @@ def harvest(req, canon, emit):
             continue
     with open(os.devnull, "w") as null:
         unittest.TextTestRunner(stream=null).run(suite)
+
+
+def _like(wrapper, fn):
+    """`wrapper` with `fn`'s name, qualname, doc and module (what tests may inspect)."""
+    wrapper.__wrapped__ = fn
+    for a in ("__name__", "__qualname__", "__doc__", "__module__"):
+        try:
+            setattr(wrapper, a, getattr(fn, a))
+        except Exception:
+            pass
+    return wrapper
 
 
 def main():

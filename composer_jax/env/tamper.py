@@ -203,8 +203,8 @@ def _read_source(path: pathlib.Path) -> bytes | None:
 
 @functools.lru_cache(maxsize=None)
 def stdlib_module_names(stdlib_dir: str) -> frozenset:
-    """Top-level module and package names of a CPython standard library directory (plus the
-    running interpreter's builtin modules)."""
+    """Top-level module and package names of a CPython standard library directory, its
+    extension modules (`lib-dynload`) and the running interpreter's builtin modules."""
     names = set(sys.builtin_module_names)
     try:
         for entry in os.listdir(stdlib_dir):
@@ -212,6 +212,9 @@ def stdlib_module_names(stdlib_dir: str) -> frozenset:
                 names.add(entry[:-3])
             elif os.path.isdir(os.path.join(stdlib_dir, entry)) and entry.isidentifier():
                 names.add(entry)
+        dynload = os.path.join(stdlib_dir, "lib-dynload")
+        if os.path.isdir(dynload):
+            names.update(e.split(".", 1)[0] for e in os.listdir(dynload) if e.endswith(".so"))
     except OSError:
         pass
     return frozenset(names - {"site-packages", "__pycache__"})

@@ -301,3 +301,30 @@ def test_edit_files_the_graded_process_imports_first_stay_the_snapshots():
                                              "json/decoder.py", "simplejson/decoder.py"))
     assert trusted_edit_files(task, py.executable) == {"fnmatch.py", "difflib.py",
                                                        "json/decoder.py"}
+
+
+def test_secret_case_targets_are_the_public_code_a_fix_reaches():
+    from composer_jax.env.secret import perturb, targets
+    before = ("def f(x):\n    return _g(x)\n\ndef _g(x):\n    return x\n\ndef h(x):\n    return x\n\n"
+              "class C:\n    def __init__(self, n):\n        self.n = n\n"
+              "    def get(self):\n        return self.n\n    def __getitem__(self, k):\n"
+              "        return k\n    @property\n    def p(self):\n        return 1\n\n"
+              "class D:\n    def m(self):\n        return self._k()\n    def _k(self):\n"
+              "        return 1\n    def gen(self):\n        yield 1\n")
+    after = (before.replace("    return x\n\ndef h", "    return x + 1\n\ndef h")
+             .replace("self.n = n", "self.n = n + 1").replace("        return 1\n    def gen",
+                                                              "        return 2\n    def gen"))
+    assert targets({"m.py": before}, {"m.py": after}) == [
+        ("m", "C.__getitem__"), ("m", "C.get"), ("m", "D.m"), ("m", "f")]
+    import random
+    case = {"f": ["m", "C.get"], "init": [[["i", "3"]], []], "args": [], "kwargs": []}
+    variants = perturb(case, random.Random(0))
+    assert variants and all(v["init"] != case["init"] for v in variants)
+
+
+def test_new_top_level_modules_may_not_shadow_extension_modules():
+    from composer_jax.env.pythons import find_pythons
+    from composer_jax.env.tamper import stdlib_module_names
+    py = max(find_pythons().values(), key=lambda p: tuple(map(int, p.version.split("."))))
+    names = stdlib_module_names(py.stdlib)
+    assert {"json", "unittest", "os", "array", "_json"} <= names
