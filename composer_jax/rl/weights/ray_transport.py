@@ -10,8 +10,8 @@ dies. Two modes:
 - `mirror=True` (the run's store, `backend_ray.make_ray_store`): the publisher puts the chunks
   itself (it owns them: they live as long as the publisher, in its node's object store) and keeps
   its own copy of the index (every reference and commit record it wrote). The index actor runs
-  on the publisher's node (a soft preference was not honoured: Ray placed it on another node),
-  so only a loss that also ends the publisher takes it; when it dies anyway (`max_restarts=-1`)
+  on the publisher's node (pinned: with only a soft preference Ray placed it on another node of
+  a two-node cluster), so only a loss that also ends the publisher takes it; when it dies anyway (`max_restarts=-1`)
   the restarted, empty index is refilled from the publisher's copy, at its next write or by the
   keeper thread within `keep_s` seconds. So no single actor holds the only copy, and a lost
   index node costs readers a short pause (they see no version, keep the one they hold). The
