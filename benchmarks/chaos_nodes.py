@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import random
+import secrets
 import statistics
 import sys
 import tempfile
@@ -91,6 +92,8 @@ def per_loss(losses: list, events: list, version_times: list) -> list[dict]:
 
 
 def main(a, argv) -> dict:
+    token = secrets.token_hex(32)              # Ray reads the auth mode once, at import: set first
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     from chaos_bench import lookup_config, tally
     from composer_jax.rl.audit import audit_run
     from composer_jax.rl.backend import RayBackend
@@ -113,11 +116,10 @@ def main(a, argv) -> dict:
     workdir = pathlib.Path(a.workdir or tempfile.mkdtemp(prefix="chaos-nodes-"))
     stop, losses, version_times = threading.Event(), [], []
     t0 = time.monotonic()
-    with LocalRayCluster() as cluster:
+    with LocalRayCluster(token=token) as cluster:
         cluster.start_head()
         for _ in range(a.ray_nodes - 1):
             cluster.add_node(resources=NODE_RESOURCES)
-        os.environ.update(cluster.token_env)
         settings = dataclasses.replace(settings_from_config(cfg), progress=False,
                                        ray_address=cluster.address)
         backend = RayBackend(settings)

@@ -10,7 +10,8 @@ benchmark (`benchmarks/chaos_bench.py --ray_nodes N`) and the node-loss test.
 Every node is one `ray start --block` in its own session, so a node's processes (raylet, agents,
 workers, actors) are exactly that session's and killing them is one loss of that node. Ports are
 chosen free, the temp dir is private, token authentication is on (Ray 2.60: RAY_AUTH_MODE=token
-and a fresh RAY_AUTH_TOKEN for every node and the driver: `token_env`), and node death is
+and a fresh RAY_AUTH_TOKEN, or `token`, for every node; a driver needs `token_env` in its
+environment before it imports Ray, which reads it once), and node death is
 detected within about `health_check_ms` x 3. `stop()` (also on exit and on errors) kills every
 process of every session it started, and only those.
 """
@@ -56,11 +57,12 @@ class LocalRayCluster:
     """Local multi-node cluster (module docstring)."""
 
     def __init__(self, root: str = "", *, cpus_per_node: int = 1, object_store_mb: int = 200,
-                 health_check_ms: int = 500):
+                 health_check_ms: int = 500, token: str = ""):
         self.root = root or tempfile.mkdtemp(prefix="cjr-", dir="/tmp")   # short socket paths
         self.cpus, self.store_bytes = cpus_per_node, object_store_mb << 20
         self.health_check_ms = health_check_ms
-        self.token_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        self.token_env = {"RAY_AUTH_MODE": "token",
+                          "RAY_AUTH_TOKEN": token or secrets.token_hex(32)}
         self.ray = os.path.join(os.path.dirname(sys.executable), "ray")
         self.nodes: list[LocalNode] = []
         self.head: LocalNode | None = None
