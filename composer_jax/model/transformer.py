@@ -32,7 +32,8 @@ from composer_jax.model.attention import MLA
 from composer_jax.model.layers import (MLP, Ctx, ParamInit, RMSNorm, cpu_without_mesh, linear,
                                       make_param)
 from composer_jax.model.moe import MoE
-from composer_jax.parallel.sharding import compute_value, gather_for_compute, shard
+from composer_jax.parallel.sharding import (compute_value, gather_for_compute, lookup_on_shards,
+                                            shard)
 
 
 @struct.dataclass
@@ -249,7 +250,12 @@ class Transformer(nnx.Module):
         return Ctx(self.cfg, self.execution, key=quant_key, balance_loss=balance_loss)
 
     def embed_tokens(self, tokens, ctx: Ctx):
-        return jnp.take(compute_value(self.embed), tokens, axis=0).astype(ctx.dtype)
+        """tokens [B,T] -> [B,T,D] in the compute dtype. On a mesh the rows are read from the
+        table's storage shards (`lookup_on_shards`: the gradient stays split like the table)."""
+        rows = lookup_on_shards(self.embed, tokens)
+        if rows is None:
+            rows = jnp.take(compute_value(self.embed), tokens, axis=0)
+        return rows.astype(ctx.dtype)
 
     def head(self, h, ctx: Ctx):
         """Normed hidden [..., D] -> float32 logits [..., V]."""
