@@ -19,7 +19,8 @@ from flax import nnx
 from composer_jax.config import ModelConfig, MoEImpl
 from composer_jax.model import router as router_lib
 from composer_jax.quant.grouped import grouped_matmul
-from composer_jax.model.layers import MLP, Ctx, ParamInit, RouterBias, linear, make_param
+from composer_jax.model.layers import (MLP, Ctx, ParamInit, RouterBias, linear, make_param,
+                                      save_as)
 from composer_jax.parallel.expert import RowCodec, dispatch_expert_parallel
 from composer_jax.parallel.per_token import per_token
 from composer_jax.parallel import target
@@ -116,9 +117,9 @@ def dispatch_ragged(x, idx, weights, w_gate, w_up, w_down, ctx: Ctx):
     order = jnp.argsort(flat, stable=True)                           # assignments sorted by expert
     group_sizes = jnp.bincount(flat, length=e).astype(jnp.int32)     # [E]
     xs = x[order // k]                                               # [N*K, D]
-    h = (jax.nn.silu(_grouped(xs, w_gate, group_sizes, ctx, 1))
-         * _grouped(xs, w_up, group_sizes, ctx, 2))
-    ys = _grouped(h, w_down, group_sizes, ctx, 3)                       # [N*K, D]
+    h = (jax.nn.silu(save_as(_grouped(xs, w_gate, group_sizes, ctx, 1), "mlpwi_0"))
+         * save_as(_grouped(xs, w_up, group_sizes, ctx, 2), "mlpwi_1"))
+    ys = save_as(_grouped(h, w_down, group_sizes, ctx, 3), "mlpwo")     # [N*K, D]
     inverse = jnp.argsort(order)
     y = ys[inverse].reshape(n, k, -1)
     return jnp.einsum("nkd,nk->nd", y.astype(jnp.float32), weights).astype(x.dtype)

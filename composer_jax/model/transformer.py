@@ -82,6 +82,22 @@ class Block(nnx.Module):
         return shard(x + y, ("batch", "seq", "act_embed")), aux
 
 
+_PROJ = ("query_proj", "kv_proj", "out_proj")
+_FFN = ("mlpwi_0", "mlpwi_1", "mlpwo")
+# The named policies (MaxText's remat_policy names): the tagged values each saves
+# (`layers.save_as`: query_proj = q after rope, kv_proj = the MLA latent and rope key,
+# context = attention output, out_proj = after wo, mlpwi_0/1 = FFN gate/up, mlpwo = FFN down;
+# dense and ragged-dispatch expert FFNs alike); everything else is recomputed.
+REMAT_SAVED = {
+    Remat.MINIMAL: _PROJ + _FFN,
+    Remat.MINIMAL_WITH_CONTEXT: _PROJ + _FFN + ("context",),
+    Remat.SAVE_DOT_EXCEPT_MLP: _PROJ,
+    Remat.SAVE_DOT_EXCEPT_MLPWI: _PROJ + ("mlpwo",),
+    Remat.SAVE_QKV_PROJ: ("query_proj", "kv_proj"),
+    Remat.SAVE_OUT_PROJ: ("out_proj",),
+}
+
+
 def _remat(fn, policy: Remat):
     if policy == Remat.NONE:
         return fn
@@ -89,7 +105,10 @@ def _remat(fn, policy: Remat):
         return jax.checkpoint(fn)
     if policy == Remat.DOTS:
         return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable)
-    return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    if policy == Remat.DOTS_NO_BATCH:
+        return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    return jax.checkpoint(fn, policy=jax.checkpoint_policies.save_only_these_names(
+        *REMAT_SAVED[policy]))
 
 
 def unroll_layer_scans() -> bool:

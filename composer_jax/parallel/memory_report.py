@@ -14,6 +14,8 @@ Shape glossary: none (text in, dicts out).
 """
 from __future__ import annotations
 
+import glob
+import os
 import re
 
 from composer_jax.parallel.hlo_stats import short_op_name
@@ -147,3 +149,24 @@ def format_rows(rows: list[dict], n: int = 12) -> list[str]:
         lines.append(f"  {r['bytes'] / 2**20:9.1f} MiB x{r['count']:<3} {r['shape']:<24} {r['op']:<18} "
                      f"{live:<18} {r['source']:<40} {r['op_name']}")
     return lines
+
+
+def temporaries_from_dump(dump_dir: str, module: str, hlo: str, top: int = 20) -> list[dict]:
+    """`temporaries` of the module whose dump names contain `module` in `dump_dir` (the last
+    one written, e.g. the train step); [] when XLA wrote no buffer assignment there."""
+    def last(pattern):
+        found = sorted(glob.glob(os.path.join(dump_dir, f"*{module}*{pattern}")),
+                       key=os.path.getmtime)
+        return found[-1] if found else None
+
+    ba = last("buffer-assignment.txt")
+    if ba is None:
+        return []
+    lr = last("live-range.txt")
+    with open(ba) as f:
+        text = f.read()
+    live = ""
+    if lr:
+        with open(lr) as f:
+            live = f.read()
+    return temporaries(text, hlo, live, top)
