@@ -1,24 +1,18 @@
 """composer_jax entry point.
 
   python launch.py --experiment=list
-  python launch.py --experiment=NAME [--workdir=DIR] [--config=FILE] [--set key.path=value ...]
-                   [--dry_run] [--show_config] [-v 1]
+  python launch.py --experiment=NAME [--workdir=DIR] [--config=RUN/config.json]
+                   [--config.KEY=VALUE ...] [--sweep=SPEC] [--dry_run] [--show_config] [-v 1]
 
-Experiments register by name from the modules under `experiments/`. The config is the experiment's
-default, or a saved one (`--config=WORKDIR/config.json` reruns a run), with `--set` overrides on
-top: typed and validated when parsed (composer_jax/overrides.py; the same as
-`composer_jax.api.make_config` in Python). `--show_config` prints every key with its type, value
-and default and exits. The resolved config is written to WORKDIR/config.json before the experiment
-runs. WORKDIR may be a local path or any URL that etils.epath/Orbax accept (gs://bucket/run): it is
-used as given for checkpoints, metrics and plots. `--dry_run` builds the model abstractly, counts
-parameters and FLOPs/token and writes WORKDIR/dry_run.json without allocating parameters.
-
-On a multi-host TPU/GPU slice (TPU VM pods, GKE, SLURM, Open MPI) no flag is needed: the cluster is
-detected and jax.distributed is initialised; --coordinator etc. override the detection. Logging
-follows absl's --verbosity / -v for every logger, JAX's and Orbax's included (default: warnings
-only; -v 0 adds INFO, -v 1 DEBUG). SIGTERM / SIGINT during a training or RL loop finish the
-current step, save a checkpoint and exit 0 (during their set-up: as soon as the loop starts);
-in other experiments SIGTERM ends the process and Ctrl-C stops it with one line.
+Every config key is an absl flag: --config.rl.lr=3e-4, --config.model=small (a section's preset),
+--config.rl.task=lookup (a task family); --set KEY=VALUE is the same. The config is the
+experiment's default (or the saved --config=RUN/config.json) with those flags on top, typed and
+validated once. --show_config prints every key with its value and default; --helpfull lists every
+key with its help. The resolved config is written to WORKDIR/config.json before the run; a rerun
+into a workdir whose config.json differs (beyond --rewrite_config's list) is refused.
+--sweep=SPEC runs one trial per point of a grid (docs/sweeps.md). WORKDIR may be a URL
+(gs://bucket/run). Multi-host slices are detected (--coordinator etc. override). SIGTERM/SIGINT
+during a training or RL loop save a checkpoint and exit 0.
 """
 from __future__ import annotations
 
@@ -28,14 +22,15 @@ from absl import app, flags, logging
 
 flags.DEFINE_string("experiment", None, "experiment name, or 'list' to list them")
 flags.DEFINE_string("workdir", None, "run directory, local or a URL such as gs://bucket/run "
-                    "(default: runs/EXPERIMENT)")
-flags.DEFINE_string("config", None, "start from this saved config.json (e.g. a previous run's "
-                    "WORKDIR/config.json) instead of the experiment's default; --set applies on top")
-flags.DEFINE_multi_string("set", [], "override: key.path=value (repeatable; the config keys are "
-                          "listed after the flags)")
+                    "(default: runs/EXPERIMENT, or what the experiment names, e.g. eval's policy)")
+flags.DEFINE_multi_string("set", [], "KEY=VALUE: the same as --config.KEY=VALUE (repeatable)")
+flags.DEFINE_string("sweep", None, "a grid of config values, one trial per point: "
+                    "'train.lr=1e-3,3e-3;seed=0,1' or a Python file defining SWEEP (docs/sweeps.md)")
 flags.DEFINE_bool("dry_run", False, "build and count/compile abstractly; run nothing")
 flags.DEFINE_bool("show_config", False, "print every config key with its type, value and default, "
                   "then exit")
+flags.DEFINE_bool("rewrite_config", False, "rerun WORKDIR with settings that differ from its "
+                  "config.json (which then records them); without it such a rerun is refused")
 flags.DEFINE_string("coordinator", None, "multi-host: coordinator address host:port "
                     "(default: $COMPOSER_JAX_COORDINATOR, or TPU/SLURM/MPI auto-detection)")
 flags.DEFINE_integer("num_processes", None, "multi-host: number of processes")
@@ -43,24 +38,45 @@ flags.DEFINE_integer("process_id", None, "multi-host: this process's index")
 flags.DEFINE_string("local_device_ids", None, "multi-host: comma-separated local device ids")
 FLAGS = flags.FLAGS
 
+_PARSED = {}      # what the flags parser resolved: base config, argv, the --config flag
 
-def _help() -> int | None:
-    """`--help` (-h, -?, --helpfull): the usage above, the flags, then every config key with its
-    type and default; exit status 0. None when help was not asked for."""
-    argv = sys.argv[1:]
-    if not any(a in ("--help", "-h", "--helpfull", "-?") for a in argv):
-        return None
-    from composer_jax.api import describe_config
-    print((__doc__ or "").rstrip() + "\n")
-    print("Flags:")
-    FLAGS(sys.argv[:1], known_only=True)          # parsed with defaults, so help can show them
-    print(FLAGS.module_help(sys.modules[__name__]) if "--helpfull" not in argv
-          else FLAGS.get_help())
-    print("  -v, --verbosity: logging verbosity (-1 warnings, the default; 0 info; 1 debug)")
-    print("\nConfig keys (--set KEY=VALUE; a section may also be set to a preset, e.g. "
-          "--set model=small):")
-    print(describe_config(values=False))
-    return 0
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing with the config flags of the chosen experiment defined first: its
+    default config (or --config=FILE), section presets applied, then one flag per key."""
+    from composer_jax import registry
+    from composer_jax.api import load_config
+    from composer_jax.config import SECTION_PRESETS, Config
+    from composer_jax.config import flags as config_flags
+    from composer_jax.errors import ComposerError
+    try:
+        argv = config_flags.alias_set_flags(list(argv))
+        pre = flags.FlagValues()
+        flags.DEFINE_string("experiment", None, "", flag_values=pre)
+        flags.DEFINE_string("config", None, "", flag_values=pre)
+        pre(argv, known_only=True)
+        argv = config_flags.without_config_file(argv)
+        name = pre.experiment
+        exp = registry.get(name) if name not in (None, "", "list") else None
+        if pre.config:
+            base = load_config(pre.config)
+        else:
+            base = exp.make_config() if exp is not None else Config()
+        base, argv = config_flags.apply_presets(base, argv, SECTION_PRESETS)
+        every = any(a in ("--helpfull", "-helpfull") for a in argv)
+        holder = config_flags.define_config_flag(base, FLAGS, argv, every_key=every)
+        try:
+            rest = FLAGS(argv)
+        except flags.Error as e:
+            raise ComposerError(config_flags.flag_error_text(e, base)) from None
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except ComposerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    _PARSED.update(base=base, argv=argv, holder=holder, exp=exp, config_file=pre.config)
+    return rest
 
 
 def _apply_verbosity() -> None:
@@ -89,44 +105,56 @@ def _check_devices(cfg) -> None:
     cfg.mesh.resolved(want)
 
 
+def _list() -> int:
+    from composer_jax import registry
+    exps = registry.load_all()
+    width = max(len(n) for n in exps)
+    print("experiments (python launch.py --experiment=NAME):")
+    for name in sorted(exps):
+        print(f"  {name:<{width}}  {exps[name].description}")
+    return 0
+
+
 def main(argv):
     if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]} (overrides go in --set key=value)",
+        print(f"error: unexpected arguments {argv[1:]} (config keys go in --config.KEY=VALUE)",
               file=sys.stderr)
         return 2
-    from composer_jax import registry
-    from composer_jax.api import describe_config, enable_compilation_cache, load_config, save_config
-    from composer_jax.config import SECTION_PRESETS
-    from composer_jax.errors import ComposerError
-    from composer_jax.overrides import apply_overrides
-    from composer_jax.runlog import run_path
     from composer_jax import stopping
+    from composer_jax.api import describe_config, enable_compilation_cache, save_config
+    from composer_jax.config import flags as config_flags
+    from composer_jax.errors import ComposerError
+    from composer_jax.rerun import check_rerun
+    from composer_jax.runlog import run_path
 
     _apply_verbosity()
     try:
-        if FLAGS.experiment in (None, "", "list"):
+        exp = _PARSED["exp"]
+        if exp is None:
             stopping.restore_default_signals()
-            if FLAGS.config or FLAGS.show_config:
-                raise ComposerError("--config / --show_config need --experiment=NAME (the "
-                                    "experiment decides what runs; --experiment=list lists them)")
-            exps = registry.load_all()
-            width = max(len(n) for n in exps)
-            print("experiments (python launch.py --experiment=NAME):")
-            for name in sorted(exps):
-                print(f"  {name:<{width}}  {exps[name].description}")
-            return 0
-        exp = registry.get(FLAGS.experiment)
-        if not exp.stoppable or FLAGS.show_config or FLAGS.dry_run:
-            stopping.restore_default_signals()
-        base = load_config(FLAGS.config) if FLAGS.config else exp.make_config()
-        cfg = apply_overrides(base, FLAGS.set, SECTION_PRESETS)
+            if _PARSED["config_file"] or FLAGS.show_config or FLAGS.sweep:
+                raise ComposerError("--config / --show_config / --sweep need --experiment=NAME "
+                                    "(the experiment decides what runs; --experiment=list lists "
+                                    "them)")
+            return _list()
+        cfg = config_flags.config_from_flag(_PARSED["base"], _PARSED["holder"], _PARSED["argv"])
         if exp.check is not None:
             exp.check(cfg)
+        if FLAGS.sweep:
+            from composer_jax.sweep.run import run_sweep
+            stopping.restore_default_signals()
+            run_sweep(exp, FLAGS.sweep, _PARSED["argv"], FLAGS.workdir)
+            return 0
+        if not exp.stoppable or FLAGS.show_config or FLAGS.dry_run:
+            stopping.restore_default_signals()
         if FLAGS.show_config:
-            print(f"config of {exp.name}" + (f" from {FLAGS.config}" if FLAGS.config else "")
+            print(f"config of {exp.name}" + (f" from {_PARSED['config_file']}"
+                                             if _PARSED["config_file"] else "")
                   + " ('*': differs from the default):")
             print(describe_config(cfg))
             return 0
+        workdir = run_path(FLAGS.workdir or exp.default_workdir(cfg))
+        check_rerun(cfg, workdir, rewrite=FLAGS.rewrite_config)
         if not FLAGS.dry_run:
             from composer_jax.parallel.multihost import initialize
             initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id,
@@ -134,7 +162,6 @@ def main(argv):
             _check_devices(cfg)
             cache = enable_compilation_cache(cfg)
             logging.info("persistent compilation cache: %s", cache)
-        workdir = run_path(FLAGS.workdir or f"runs/{exp.name}")
         workdir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, workdir / "config.json")
         if FLAGS.dry_run:
@@ -158,7 +185,4 @@ def main(argv):
 if __name__ == "__main__":
     from composer_jax.stopping import record_early_signals
     record_early_signals()               # until the experiment is known (launch.main)
-    code = _help()
-    if code is not None:
-        sys.exit(code)
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)

@@ -29,8 +29,24 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+import pallas_kernels as pk
+from composer_jax.errors import ConfigError
+from composer_jax.inference import engine, steps
+from composer_jax.inference.cache import init_cache
+from composer_jax.inference.sampling import SamplerArrays
+from composer_jax.inference.speculative import init_spec_state
+from composer_jax.model import abstract_model
+from composer_jax.parallel import api
+from composer_jax.parallel.batch_schema import BatchSchema
+from composer_jax.parallel.sharding import activate, context_from_config, state_shardings
+from composer_jax.rl.step import RL_FIELDS, RL_POLICY_LOSS, make_rl_step
+from composer_jax.train.placement import abstract_batch
+from composer_jax.train.plan import abstract_state
+from composer_jax.train.step import build_fns
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +71,6 @@ def _sds(shape, dtype, sharding):
 # ---------------------------------------------------------------- RL update step
 
 def rl_program(cfg, mesh) -> Program:
-    from composer_jax.model import abstract_model
-    from composer_jax.parallel import api
-    from composer_jax.parallel.batch_schema import BatchSchema
-    from composer_jax.parallel.sharding import context_from_config
-    from composer_jax.rl.step import RL_FIELDS, RL_POLICY_LOSS, make_rl_step
-    from composer_jax.train.placement import abstract_batch
-    from composer_jax.train.plan import abstract_state
-    from composer_jax.train.step import build_fns
-
     fns = build_fns(abstract_model(cfg.model, cfg.execution), cfg, mesh, loss=RL_POLICY_LOSS)
     pc = context_from_config(mesh, cfg.mesh)
     pure = make_rl_step(fns.graphdef, fns.abstract_params, fns.abstract_buffers, fns.tx, cfg, pc)
@@ -90,13 +97,6 @@ def rl_program(cfg, mesh) -> Program:
 
 def _engine_parts(cfg, mesh, depth: int):
     """(graphdef, abstract sharded weights, cache, spec state, slot sharding, pc)."""
-    from flax import nnx
-
-    from composer_jax.inference.cache import init_cache
-    from composer_jax.inference.speculative import init_spec_state
-    from composer_jax.model import abstract_model
-    from composer_jax.parallel.sharding import context_from_config, state_shardings
-
     pc = context_from_config(mesh, cfg.mesh)
     model = abstract_model(cfg.model, cfg.execution)
     graphdef, state = nnx.split(model)
@@ -120,14 +120,11 @@ def _engine_parts(cfg, mesh, depth: int):
 
 
 def _sampler(rows: int, sh):
-    from composer_jax.inference.sampling import SamplerArrays
     return SamplerArrays(_sds((rows,), "float32", sh), _sds((rows,), "int32", sh),
                          _sds((rows,), "float32", sh), _sds((rows,), "int32", sh))
 
 
 def _jit_engine(fn, pc, mesh):
-    from composer_jax.parallel.sharding import activate
-
     def traced(*args):
         with activate(pc):
             return fn(*args)
@@ -135,13 +132,10 @@ def _jit_engine(fn, pc, mesh):
 
 
 def engine_program(kind: str, cfg, mesh) -> Program:
-    from composer_jax.inference import engine, steps
-
     depth = 0
     if kind == "spec":
         depth = cfg.inference.draft_depth or 1
         if cfg.model.mtp_depth < depth:
-            from composer_jax.errors import ConfigError
             raise ConfigError(f"the spec program drafts {depth} token(s) with the MTP modules; "
                               f"model.mtp_depth={cfg.model.mtp_depth}")
     elif kind == "prefill":
@@ -176,8 +170,6 @@ def kernel_cases(cfg) -> list[tuple[str, Callable, tuple, dict]]:
     """(name, fn, abstract args, shapes) of each TPU kernel at the model's production shapes:
     one microbatch's tokens on a device times the expert FFN (gate/up projection D -> F; the
     grouped matmul over the experts a device holds)."""
-    import pallas_kernels as pk
-
     m_cfg = cfg.model
     d, f = m_cfg.hidden_size, m_cfg.moe_intermediate_size
     experts = m_cfg.num_routed_experts

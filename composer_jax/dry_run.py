@@ -2,7 +2,7 @@
 
 Counts parameters through `jax.eval_shape`, computes FLOPs per token from the config, then
 AOT-compiles the sharded train step on the (virtual) mesh from abstract parameters
-(composer_jax.train.plan, run in a subprocess that sees `mesh.num_devices` fake CPU devices)
+(composer_jax.slice_plan, run in a subprocess that sees `mesh.num_devices` fake CPU devices)
 and writes WORKDIR/dry_run.json with the keys DESIGN.md fixes (params_total, params_active,
 flops_per_token, mesh, per_device_bytes{params, optimizer, activations, total}) plus the bytes the
 step's collectives move (`collective_bytes_per_step`, biggest sources in `largest_collectives`),
@@ -71,7 +71,7 @@ def fit_microbatches(cfg: Config, num_devices: int) -> tuple[Config, str | None]
 def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     import jax
 
-    from composer_jax.train.plan import run_in_subprocess
+    from composer_jax.slice_plan import run_in_subprocess
 
     if cfg.mesh.compile_topology and not os.environ.get("JAX_PLATFORMS"):
         # this process only counts and plans: keep JAX from probing for a local TPU once libtpu

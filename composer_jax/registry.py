@@ -23,6 +23,11 @@ class Experiment:
     run: Callable[[object, pathlib.Path], None]
     check: Callable[[object], None] | None = None   # raises ConfigError on a config it cannot run
     stoppable: bool = False    # stops cleanly on SIGTERM / SIGINT (composer_jax.stopping)
+    workdir_name: Callable[[object], str] | None = None   # cfg -> the default run directory name
+
+    def default_workdir(self, cfg) -> str:
+        """runs/NAME, or runs/<what workdir_name(cfg) says> (eval: named after the policy)."""
+        return f"runs/{self.workdir_name(cfg) if self.workdir_name else self.name}"
 
 
 _REGISTRY: dict[str, Experiment] = {}
@@ -31,13 +36,15 @@ _REGISTRY: dict[str, Experiment] = {}
 def register(name: str, description: str, make_config: Callable[[], object],
              run: Callable[[object, pathlib.Path], None],
              check: Callable[[object], None] | None = None,
-             stoppable: bool = False) -> Experiment:
+             stoppable: bool = False,
+             workdir_name: Callable[[object], str] | None = None) -> Experiment:
     """Registers an experiment; a second registration under the same name is an error. `check`
     (optional) validates a resolved config for this experiment when it is parsed; `stoppable`:
-    its run stops cleanly on SIGTERM / SIGINT (a training or RL loop)."""
+    its run stops cleanly on SIGTERM / SIGINT (a training or RL loop); `workdir_name(cfg)`: the
+    default run directory's name when it depends on the config (default: the experiment's name)."""
     if name in _REGISTRY:
         raise ValueError(f"experiment {name!r} is registered twice")
-    exp = Experiment(name, description, make_config, run, check, stoppable)
+    exp = Experiment(name, description, make_config, run, check, stoppable, workdir_name)
     _REGISTRY[name] = exp
     return exp
 

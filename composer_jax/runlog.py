@@ -24,6 +24,9 @@ import pathlib
 import sys
 import time
 
+from composer_jax.config import to_dict
+from composer_jax.errors import ConfigError
+
 
 def is_remote(path) -> bool:
     """Whether `path` is a URL (gs://, s3://, ...) rather than a local path."""
@@ -83,11 +86,11 @@ class WandbWriter:
     "offline" writes under the workdir for a later `wandb sync`). The run id is derived from the
     workdir, so a resumed run continues the same W&B run."""
 
-    def __init__(self, project: str, workdir, config: dict | None = None, mode: str = "online"):
+    def __init__(self, project: str, workdir, config: dict | None = None, mode: str = "online",
+                 group: str = ""):
         try:
             import wandb
         except ImportError:
-            from composer_jax.errors import ConfigError
             raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: "
                               f"pip install -e '.[wandb]' (or set train.wandb_project='')") from None
         workdir = run_path(workdir)
@@ -96,7 +99,8 @@ class WandbWriter:
             os.makedirs(local, exist_ok=True)
         run_id = hashlib.sha256(str(workdir).encode()).hexdigest()[:16]
         self._run = wandb.init(project=project, dir=local, config=config, mode=mode,
-                               id=run_id, name=workdir.name, resume="allow", reinit="finish_previous")
+                               id=run_id, name=workdir.name, resume="allow", reinit="finish_previous",
+                               group=group or None)
 
     @property
     def run(self):
@@ -111,9 +115,20 @@ class WandbWriter:
         self._run.finish()
 
 
+def run_config_dict(workdir) -> dict | None:
+    """The config.json that launch.py wrote into WORKDIR (as a dict), or None: a writer made
+    without `config` (e.g. the RL driver's) still follows the run's train.wandb_project."""
+    path = run_path(workdir) / "config.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
 class MetricsWriter:
-    """Appends metrics to WORKDIR/metrics.jsonl, WORKDIR/tb (tensorboardX) and, when `config` has a
-    `train.wandb_project`, to Weights & Biases.
+    """Appends metrics to WORKDIR/metrics.jsonl, WORKDIR/tb (tensorboardX) and, when `config` (or,
+    without it, the run's WORKDIR/config.json) has a `train.wandb_project`, to Weights & Biases
+    (in the W&B group `train.wandb_group`).
 
     enabled=False (every process but the first of a multi-host run) writes nothing.
     `live=True` also prints each row (for notebooks, where a progress bar hides the numbers).
@@ -147,10 +162,13 @@ class MetricsWriter:
             self._tb = SummaryWriter(str(self.workdir / "tb"))
             if kept:
                 replay_rows(self._tb, kept)      # one event file: the kept rows, then new ones
-        tc = getattr(config, "train", None)
-        if tc is not None and getattr(tc, "wandb_project", "") and tc.wandb_mode != "disabled":
-            from composer_jax.config import to_dict
-            self._wandb = WandbWriter(tc.wandb_project, self.workdir, to_dict(config), tc.wandb_mode)
+        conf = run_config_dict(self.workdir) if config is None else None
+        if config is not None:
+            conf = to_dict(config)
+        tc = (conf or {}).get("train") or {}
+        if tc.get("wandb_project") and tc.get("wandb_mode", "online") != "disabled":
+            self._wandb = WandbWriter(tc["wandb_project"], self.workdir, conf,
+                                      tc.get("wandb_mode", "online"), group=tc.get("wandb_group", ""))
 
     def write(self, step: int, metrics: dict) -> None:
         if self._file is None:

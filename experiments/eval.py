@@ -26,6 +26,12 @@ def _config() -> Config:
     return Config()
 
 
+def _workdir_name(cfg: Config) -> str:
+    """eval_<policy>: oracle -> eval_oracle, runs/rl_async@20 -> eval_rl_async@20."""
+    name = cfg.eval.policy.rstrip("/").rsplit("/", 1)[-1] or "policy"
+    return "eval_" + "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name)
+
+
 def _run_family(cfg: Config, workdir: pathlib.Path) -> dict:
     """eval.policy=WORKDIR[@V] of an RL run of a family with its own held-out split (lookup,
     parity): that split, greedy, with standard errors."""
@@ -122,7 +128,8 @@ def _compare(cfg: Config, workdir: pathlib.Path) -> dict:
 
 
 registry.register("eval", "evaluate eval.policy (oracle|null|heuristic|run dir|HF dir) on the held-out "
-                  "suite: correctness, quality, cost, behaviour -> eval.json/md/png", _config, _run)
+                  "suite: correctness, quality, cost, behaviour -> eval.json/md/png (in runs/eval_POLICY)",
+                  _config, _run, workdir_name=_workdir_name)
 registry.register("eval_build_suite", "build the versioned held-out evaluation suite and prove it "
                   "content-disjoint from corpus, RL pool and SFT pool", _config, _build)
 registry.register("eval_compare", "compare several eval.json results side by side "

@@ -86,11 +86,12 @@ def test_cli_config_rerun_show_config_and_help(tmp_path):
     rows = {ln.split()[1]: ln for ln in r.stdout.splitlines()[2:] if ln.strip()}
     assert "130" in rows["train.steps"] and "0.125" in rows["train.lr"]
     assert rows["train.steps"].startswith("*") and not (tmp_path / "cpt_debug").exists()
-    r = _launch("--help")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.index("--show_config") < r.stdout.index("Config keys")   # "listed after"
-    assert "data.seq_len" in r.stdout and "train.wandb_project" in r.stdout
-    assert "--config" in r.stdout and "--show_config" in r.stdout
+    r = _launch("--help")                           # short: launch.py's own flags
+    assert "--show_config" in r.stdout and "--sweep" in r.stdout and "--config" in r.stdout
+    assert len(r.stdout.splitlines()) < 80 and "--config.train.lr" not in r.stdout
+    r = _launch("--helpfull")                       # every config key, with its field's help
+    assert "--config.data.seq_len" in r.stdout and "--config.train.wandb_project" in r.stdout
+    assert re.search(r"--config\.rl\.steps: trainer versions to reach \[int\]", r.stdout)
 
 
 # ---------------------------------------------------------------------------------------------

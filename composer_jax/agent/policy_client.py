@@ -10,8 +10,8 @@ import dataclasses
 from typing import Any, Protocol
 
 from composer_jax.agent.episode_checkpoint import EngineUnavailable
-from composer_jax.inference.params import SamplingParams
-from composer_jax.inference.requests import Completion
+from composer_jax.protocol.params import SamplingParams
+from composer_jax.protocol.requests import Completion
 
 
 class PolicyClient(Protocol):
@@ -31,6 +31,19 @@ class EngineLimits:
 class ModelFacts:
     """... and `vocab_size` of the served model."""
     vocab_size: int
+
+
+class AgentEngine(Protocol):
+    """The engine interface the token agent runs on: the engine itself, `EngineClient` (the
+    policy server's), or `agent.forced_engine.ForcedEngine` (scripted episodes)."""
+    cfg: EngineLimits
+    model_cfg: ModelFacts
+
+    def submit(self, prompt, params: SamplingParams, session=None) -> int: ...
+
+    def wait(self, request_id: int, timeout=None) -> Completion: ...
+
+    def end_session(self, session: str) -> None: ...
 
 
 class EngineClient:

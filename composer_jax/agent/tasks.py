@@ -23,13 +23,18 @@ Optional hooks (defaults in `TaskFamily`):
                                      pools, the initial policy, the run's model (coding)
     tokenizer()                      the tokenizer of the prompts (default: the toy tokenizer of
                                      cfg.model.vocab_size, `agent.parity.toy_tokenizer`)
-    initial_model()                  the policy's initial nnx model (default: a fresh cfg.model
-                                     from cfg.seed; JAX: trainer and inference side only)
+    initial_model()                  the policy's initial nnx model, or None (the default) for a
+                                     fresh cfg.model from cfg.seed (`rl.initial_policy`, which
+                                     also puts `train.init_from` first; JAX: trainer and
+                                     inference side only)
     engine_settings() -> dict        EngineConfig fields of the policy server (max_len,
                                      prefill_batch)
     make_eval_fn()                   driver side: `eval_fn(model, version) -> dict` for the
-                                     checkpoint evaluator, or None to run greedy episodes of the
-                                     held-out tasks (`make_tasks("eval")`)
+                                     checkpoint evaluator, or None (`rl.family_eval.checkpoint_eval_fn`)
+    heldout_on_checkpoints: bool     with no eval_fn of its own: True = the checkpoint evaluator
+                                     runs the held-out tasks' episodes with each checkpoint's
+                                     weights (`rl.family_eval.FamilyEvaluator`); False = the
+                                     rollout workers run them on the policy server
     sample_prompts() -> list         a few chat prompts (lists of {"role", "content"}) that
                                      `generate` samples a run's checkpoints with (default: none;
                                      single-turn families: distinct held-out prompts)
@@ -40,13 +45,19 @@ Optional hooks (defaults in `TaskFamily`):
 from __future__ import annotations
 
 import functools
+import json
+import pathlib
 from typing import ClassVar, Sequence
 
+import numpy as np
+
+from composer_jax.agent.parity import toy_tokenizer
 from composer_jax.agent.policy_client import EngineClient, PolicyClient
 from composer_jax.agent.rollout import END_EPISODE, Rollout, SegmentBuilder
 from composer_jax.config.rl import TaskConfig
 from composer_jax.data import special_tokens as st
-from composer_jax.inference.params import SamplingParams
+from composer_jax.data.chat import encode_prompt
+from composer_jax.protocol.params import SamplingParams
 
 SPLITS = ("train", "eval")
 
@@ -56,6 +67,7 @@ class TaskFamily:
     name: ClassVar[str] = ""
     config_cls: ClassVar[type[TaskConfig]] = TaskConfig
     grades_code: ClassVar[bool] = False   # True: the reward runs agent code (needs the sandbox)
+    heldout_on_checkpoints: ClassVar[bool] = False    # module docstring
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -78,9 +90,8 @@ class TaskFamily:
         return _toy_tokenizer(self.cfg.model.vocab_size)
 
     def initial_model(self):
-        from composer_jax.model import init_model
-        c = self.cfg
-        return init_model(c.model, c.seed, c.execution, c.train.init_std)
+        """None: a fresh cfg.model (`rl.initial_policy` builds it; this package imports no JAX)."""
+        return None
 
     def engine_settings(self) -> dict:
         """One decode slot per rollout worker, rows of rl.seq_len, and prefill in calls of up to
@@ -95,8 +106,6 @@ class TaskFamily:
         return []
 
     def write_run_files(self, workdir) -> None:
-        import json
-        import pathlib
         workdir = pathlib.Path(workdir)
         self.tokenizer().save(str(workdir / "tokenizer.json"))
         prompts = self.sample_prompts()
@@ -106,7 +115,6 @@ class TaskFamily:
 
 @functools.lru_cache(maxsize=2)
 def _toy_tokenizer(vocab_size: int):
-    from composer_jax.agent.parity import toy_tokenizer
     return toy_tokenizer(vocab_size)
 
 
@@ -136,7 +144,6 @@ class SingleTurnFamily(TaskFamily):
 
     def run_episode(self, task_id: str, seed: int, policy: PolicyClient, *,
                     greedy: bool) -> Rollout:
-        from composer_jax.data.chat import encode_prompt
         rl, tok = self.cfg.rl, self.tokenizer()
         ids = encode_prompt(tok, self.messages(task_id))
         params = SamplingParams(temperature=0.0 if greedy else rl.temperature,
@@ -155,7 +162,6 @@ def single_turn_rollout(task_id: str, group_id: str, prompt: Sequence[int], comp
     """The exact record of one finished engine request on `prompt`: fed prompt ids, sampled ids
     with behaviour log-probs, raw model log-probs and versions, and the routed experts of every
     forward pass (prompt positions then sampled ones)."""
-    import numpy as np
     b = SegmentBuilder()
     b.feed(prompt)
     b.sample(completion.tokens, completion.logprobs, completion.raw_logprobs, completion.versions)

@@ -40,6 +40,39 @@ def build_dataclass(cls, d: dict, prefix: str = ""):
     return cls(**kwargs)
 
 
+def _scalar(value, typ, where):
+    """value as a `typ` (int, float, str, bool): a flag's tuple element may arrive as text."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        raise ConfigError(f"{where}: expected a bool (true/false), got {value!r}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return int(str(value))
+        except ValueError:
+            raise ConfigError(f"{where}: expected an int, got {value!r}") from None
+    if typ is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a float, got {value!r}") from None
+    if typ is str:
+        return value if isinstance(value, str) else str(value)
+    return value
+
+
+def _enum(value, typ, where):
+    for m in typ:
+        if value == m.value or (isinstance(value, str) and value.lower() == m.name.lower()):
+            return m
+    raise ConfigError(f"{where}: {value!r} is not a valid {typ.__name__}; expected one of "
+                      f"{[m.value for m in typ]}")
+
+
 def _convert(value, typ, where):
     origin = typing.get_origin(typ)
     if origin in (typing.Union, types.UnionType):
@@ -48,12 +81,14 @@ def _convert(value, typ, where):
         typ = [a for a in typing.get_args(typ) if a is not type(None)][0]
         origin = typing.get_origin(typ)
     if dataclasses.is_dataclass(typ):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} is a section; set its keys ({where}.KEY=VALUE)")
         return build_dataclass(typ, value, where + ".")
     if origin is tuple:
         args = typing.get_args(typ)
+        if not isinstance(value, (tuple, list)):
+            value = (value,)
         return tuple(_convert(v, args[0] if args else str, where) for v in value)
     if isinstance(typ, type) and issubclass(typ, enum.Enum):
-        return typ(value)
-    if typ is float and isinstance(value, int):
-        return float(value)
-    return value
+        return _enum(value, typ, where)
+    return _scalar(value, typ, where)

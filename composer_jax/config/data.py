@@ -61,40 +61,41 @@ class DataConfig:
     # --- corpus ---
     cache_dir: str = ""
     source_roots: tuple[str, ...] = ()
-    include_site_packages: bool = True
+    include_site_packages: bool = True  # auto-discovered corpus also reads site-packages
     max_files: int = 0
-    min_file_bytes: int = 64
-    max_file_bytes: int = 400_000
-    max_line_length: int = 1000
-    max_mean_line_length: int = 100
-    min_alnum_fraction: float = 0.25
-    require_py3_syntax: bool = True
+    min_file_bytes: int = 64            # files smaller than this are dropped
+    max_file_bytes: int = 400_000       # files larger than this are dropped
+    max_line_length: int = 1000         # files with a longer line are dropped
+    max_mean_line_length: int = 100     # files with a longer mean line are dropped
+    min_alnum_fraction: float = 0.25    # files with fewer alphanumeric characters are dropped
+    require_py3_syntax: bool = True     # files that do not parse as Python 3 are dropped
+    # MinHash Jaccard similarity above which a file is a near-duplicate
     near_dup_threshold: float = 0.8
-    minhash_perms: int = 128
-    minhash_bands: int = 16
-    shingle_size: int = 5
-    validation_fraction: float = 0.02
-    split_salt: str = "composer_jax"
-    build_workers: int = 0
-    progress: bool = True
+    minhash_perms: int = 128            # MinHash permutations per file
+    minhash_bands: int = 16             # LSH bands of the MinHash signature
+    shingle_size: int = 5               # tokens per shingle for MinHash
+    validation_fraction: float = 0.02   # fraction of files held out for validation (by hashed path)
+    split_salt: str = "composer_jax"    # salt of the train/validation hash split
+    build_workers: int = 0              # processes building the corpus (0 = the CPU count)
+    progress: bool = True               # show progress bars while building
     # --- tokenizer ---
     vocab_size: int = 4096
     tokenizer_path: str = ""
-    split_pattern: SplitPattern = SplitPattern.KIMI
-    tokenizer_train_bytes: int = 32_000_000
+    split_pattern: SplitPattern = SplitPattern.KIMI  # pre-tokenizer regex: kimi | cl100k
+    tokenizer_train_bytes: int = 32_000_000  # corpus bytes the BPE tokenizer is trained on
     # --- pipeline ---
     seq_len: int = 2048
     global_batch_size: int = 8
     shuffle_seed: int = 0
-    add_bos_eos: bool = True
-    num_threads: int = 2
-    prefetch_buffer_size: int = 4
-    num_workers: int = 0
-    eval_max_batches: int = 0
+    add_bos_eos: bool = True            # wrap each document in BOS/EOS before packing
+    num_threads: int = 2                # input-pipeline reader threads
+    prefetch_buffer_size: int = 4       # batches prefetched ahead of the step
+    num_workers: int = 0                # grain worker processes (0 = in-process)
+    eval_max_batches: int = 0           # caps the validation batches per evaluation (0 = no cap)
     # --- SFT samples (SftSource; sft_max_samples > 0: the first N docstring samples / training tasks) ---
     sft_source: SftSource = SftSource.AUTO
     sft_pool: str = ""
-    sft_max_samples: int = 0
+    sft_max_samples: int = 0            # > 0: only the first N SFT samples / training tasks
     sft_min_docstring_chars: int = 24
     sft_max_function_lines: int = 60
 

@@ -51,75 +51,80 @@ def _check(cond: bool, msg: str) -> None:
 class EnvConfig:
     """Sandbox limits, tool caps, episode limits, task generation and reward weights."""
     # --- sandbox -------------------------------------------------------------------------------
+    # auto (bubblewrap if installed) | bwrap | fallback (rlimits only)
     sandbox_backend: SandboxBackend = SandboxBackend.AUTO
+    # fresh shell per command | persistent shell per episode
     shell_mode: ShellMode = ShellMode.FRESH
-    command_timeout_s: float = 30.0
-    memory_limit_mb: int = 2048
-    max_processes: int = 64
-    max_file_size_mb: int = 64
-    max_open_files: int = 256
-    max_output_bytes: int = 16384
-    extra_ro_binds: tuple[str, ...] = ()
+    command_timeout_s: float = 30.0     # wall-clock limit of one sandboxed command
+    memory_limit_mb: int = 2048         # memory limit of a sandboxed command
+    max_processes: int = 64             # process limit of a sandboxed command
+    max_file_size_mb: int = 64          # largest file a sandboxed command may write
+    max_open_files: int = 256           # open-file limit of a sandboxed command
+    max_output_bytes: int = 16384       # command output kept for the agent (the rest is cut)
+    extra_ro_binds: tuple[str, ...] = ()  # extra host paths mounted read-only in the sandbox
     allow_unsandboxed_rewards: bool = False  # let RL train on rewards graded by the fallback
                                              # backend (the policy can tamper with them)
     # --- tools ---------------------------------------------------------------------------------
     read_max_lines: int = 250
-    grep_max_hits: int = 50
-    search_max_results: int = 20
-    codebase_search_top_k: int = 5
-    use_embeddings: bool = True
+    grep_max_hits: int = 50             # grep tool: hits returned
+    search_max_results: int = 20        # file search tool: results returned
+    codebase_search_top_k: int = 5      # codebase_search tool: chunks returned
+    use_embeddings: bool = True         # codebase_search uses the embedding model (else BM25 only)
     # --- episode -------------------------------------------------------------------------------
-    max_turns: int = 40
-    max_tokens: int = 65536
-    episode_time_s: float = 900.0
+    max_turns: int = 40                 # assistant turns per episode
+    max_tokens: int = 65536             # tokens per episode
+    episode_time_s: float = 900.0       # wall-clock limit of an episode
     # --- task generation -----------------------------------------------------------------------
-    num_tasks: int = 240
+    num_tasks: int = 240                # tasks env_generate aims for
     min_task_fraction: float = 0.5     # generation ending below this fraction of num_tasks is an
                                        # error (with the reasons); an empty pool
                                        # always is
     python_versions: tuple[str, ...] = ("3.11", "3.12", "3.13")
-    kinds: tuple[str, ...] = TASK_KINDS
-    split: Split = Split.TRAIN
+    kinds: tuple[str, ...] = TASK_KINDS  # task kinds generated
+    split: Split = Split.TRAIN          # modules tasks come from: train | eval (held-out modules)
     pool_dir: str = ""                 # "" means WORKDIR/pool
-    workers: int = 2
-    max_tasks_per_module: int = 6
-    max_module_lines: int = 3000
-    max_test_file_seconds: float = 1.5
+    workers: int = 2                    # processes generating tasks
+    max_tasks_per_module: int = 6       # tasks at most from one module
+    max_module_lines: int = 3000        # larger modules make no tasks
+    max_test_file_seconds: float = 1.5  # test files slower than this are skipped
     baseline_timeout_s: float = 8.0    # a module's first full test run (slow files get trimmed)
-    max_task_test_seconds: float = 0.5
-    test_timeout_s: float = 20.0
+    max_task_test_seconds: float = 0.5  # a task's tests must run within this
+    test_timeout_s: float = 20.0        # wall-clock limit of a task's test run
     fork_server: bool = True           # generation test runs fork from a warm sandboxed runner
-    max_fail_to_pass: int = 40
+    max_fail_to_pass: int = 40          # FAIL_TO_PASS tests kept per task
     max_pass_to_pass: int = 200        # PASS_TO_PASS: every previously passing test of the touched
                                        # test modules, up to this many (and max_task_test_seconds)
     large_feature_min_lines: int = 50  # a large_feature task removes at least this many lines
     modules: tuple[str, ...] = ()      # only these module names ("textwrap", "simplejson.decoder");
                                        # empty: every discovered module
     max_migration_lines: int = 300
-    task_seed: int = 0
+    task_seed: int = 0                  # seed of task generation
     # installed packages whose own unittest suites make task sources (`tasks/sources.py`), looked
     # for in package_dirs, then the running environment's and the CPythons' site-packages
     stdlib_sources: bool = True        # False: tasks from package_sources only
+    # installed packages whose unittest suites make tasks
     package_sources: tuple[str, ...] = ("simplejson", "pyflakes")
-    package_dirs: tuple[str, ...] = ()
+    package_dirs: tuple[str, ...] = ()  # where package_sources are looked for first
     # --- rewards -------------------------------------------------------------------------------
+    # reward per fraction of FAIL_TO_PASS tests fixed on an unresolved task
     reward_partial_credit: float = 0.0
-    reward_invalid_call: float = 0.05
-    reward_invalid_call_cap: float = 0.5
-    reward_outside_edit: float = 0.1
-    reward_false_claim: float = 0.2
+    reward_invalid_call: float = 0.05   # penalty per invalid tool call
+    reward_invalid_call_cap: float = 0.5  # cap of the total invalid-call penalty
+    reward_outside_edit: float = 0.1    # penalty for editing files outside the task's scope
+    reward_false_claim: float = 0.2     # penalty for claiming success on an unresolved task
     reward_tampering: float = 2.0      # grader-detected tampering (`env/tamper.py`)
-    reward_length_coef: float = 0.005
-    reward_length_k: float = 0.01
-    reward_length_q: float = 2.0
-    reward_length_token_weight: float = 0.001
-    reward_length_call_weight: float = 1.0
-    reward_length_turn_weight: float = 1.0
+    reward_length_coef: float = 0.005   # scale of the concave length/effort penalty
+    reward_length_k: float = 0.01       # length penalty: the effort scale k
+    reward_length_q: float = 2.0        # length penalty: the concavity exponent q
+    reward_length_token_weight: float = 0.001  # effort weight of a generated token
+    reward_length_call_weight: float = 1.0  # effort weight of a tool call
+    reward_length_turn_weight: float = 1.0  # effort weight of a turn
     reward_length_tool_call_token_weight: float = 0.001   # effort weights of real token counts
     reward_length_tool_output_weight: float = 0.0002      # (`rewards.EffortCounts`); content tokens
     reward_length_final_weight: float = 0.001             # use reward_length_token_weight
     reward_valid_call: float = 0.05    # x base x fraction of calls that were valid
     reward_communication: float = 0.05  # clear, short final message on a resolved task
+    # a final message longer than this earns no communication reward
     reward_communication_max_tokens: int = 200
 
     def __post_init__(self):

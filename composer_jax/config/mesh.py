@@ -23,13 +23,13 @@ class MeshConfig:
     what it compiles besides the train step: a comma list of rl, prefill, decode, spec, kernels, or
     "all" (each lands in dry_run.json's `programs`).
     """
-    data: int = 1
-    fsdp: int = -1
-    expert: int = 1
-    context: int = 1
-    tensor: int = 1
-    dcn_data: int = 1
-    dcn_fsdp: int = 1
+    data: int = 1                       # data-parallel axis size (-1 = fill from the devices)
+    fsdp: int = -1  # fully sharded data-parallel axis size (-1 = fill from the devices)
+    expert: int = 1                     # expert-parallel axis size
+    context: int = 1                    # context-parallel axis size (sequence split)
+    tensor: int = 1                     # tensor-parallel axis size
+    dcn_data: int = 1                   # data axis size across slices (over DCN)
+    dcn_fsdp: int = 1                   # fsdp axis size across slices (over DCN)
     rules: str = "fsdp"
     num_devices: int = 0   # 0 = all visible devices; > 0 with --dry_run makes a virtual mesh
     cp_attention: str = "allgather"   # context-parallel attention: "allgather" (MLA latent) | "ring"

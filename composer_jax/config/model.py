@@ -27,13 +27,13 @@ class RopeConfig:
     YaRN fields follow HF's `rope_scaling` keys; `mscale_all_dim > 0` multiplies the softmax scale by
     yarn_mscale(factor, mscale_all_dim)^2 as DeepSeek-V3 does.
     """
-    theta: float = 10000.0
-    scaling: RopeScaling = RopeScaling.NONE
+    theta: float = 10000.0              # rotary base frequency
+    scaling: RopeScaling = RopeScaling.NONE  # none | yarn (context extension with YaRN)
     factor: float = 1.0
-    original_max_position: int = 4096
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float = 1.0
+    original_max_position: int = 4096   # YaRN: the context the model was trained at
+    beta_fast: float = 32.0             # YaRN: high-frequency boundary (rotations)
+    beta_slow: float = 1.0              # YaRN: low-frequency boundary (rotations)
+    mscale: float = 1.0                 # YaRN: attention temperature scale
     mscale_all_dim: float = 0.0
     interleaved: bool = True
 
@@ -60,31 +60,34 @@ class ModelConfig:
     the whole section). How the model is computed lives in `ExecutionConfig`; training-only
     coefficients (router bias update rate, sequence-wise balance loss, init std) in `TrainConfig`.
     """
+    # the preset this architecture came from (a label; 'custom' when built by hand)
     name: str = "custom"
-    vocab_size: int = 256
-    hidden_size: int = 64
-    num_layers: int = 2
-    first_k_dense: int = 1
+    vocab_size: int = 256               # token vocabulary (embedding and output rows)
+    hidden_size: int = 64               # model width d_model
+    num_layers: int = 2                 # transformer blocks
+    first_k_dense: int = 1              # the first k blocks use a dense SwiGLU FFN instead of MoE
     dense_intermediate_size: int = 128
     moe_intermediate_size: int = 32
     num_routed_experts: int = 8
     num_shared_experts: int = 1
     num_experts_per_tok: int = 2
-    n_group: int = 1
-    topk_group: int = 1
-    routed_scaling_factor: float = 2.5
+    n_group: int = 1                    # expert groups for group-limited routing (1 = off)
+    topk_group: int = 1                 # groups a token may route to (of n_group)
+    routed_scaling_factor: float = 2.5  # scale of the routed experts' combined output
+    # router logits -> expert scores: sigmoid (DeepSeek-V3, Kimi K2) | softmax
     scoring: ScoringFunc = ScoringFunc.SIGMOID
-    norm_topk_prob: bool = True
-    num_heads: int = 4
+    norm_topk_prob: bool = True         # renormalise the chosen experts' scores to sum to 1
+    num_heads: int = 4                  # attention heads
     q_lora_rank: int = 32
-    kv_lora_rank: int = 16
-    qk_nope_head_dim: int = 16
-    qk_rope_head_dim: int = 8
-    v_head_dim: int = 16
+    kv_lora_rank: int = 16              # MLA: rank of the compressed key/value latent
+    qk_nope_head_dim: int = 16          # per-head query/key dims without rotary embedding
+    qk_rope_head_dim: int = 8  # per-head query/key dims with rotary embedding (decoupled RoPE)
+    v_head_dim: int = 16                # per-head value dims
     rope: RopeConfig = RopeConfig()
+    # longest sequence the model is built for (data.seq_len <= this)
     max_position_embeddings: int = 4096
-    rms_norm_eps: float = 1e-6
-    mtp_depth: int = 1
+    rms_norm_eps: float = 1e-6          # epsilon of every RMSNorm
+    mtp_depth: int = 1                  # multi-token prediction depths (0 = no MTP heads)
 
     def __post_init__(self):
         _coerce_enums(self, "model")

@@ -65,9 +65,9 @@ class TaskConfig:
     """Base of every task family's section `rl.task`: `family` names the family (its registered
     name, or a module path `pkg.module` whose import registers it); a family adds its own fields
     in a subclass registered with `register_task_config`."""
-    family: str = "parity"
-    num_train_tasks: int = 64
-    num_eval_tasks: int = 16
+    family: str = "parity"  # the task family (a registered name or a plug-in module path)
+    num_train_tasks: int = 64           # training tasks of the family
+    num_eval_tasks: int = 16            # held-out evaluation tasks of the family
 
     def __post_init__(self):
         _coerce_enums(self, "rl.task")
@@ -163,12 +163,34 @@ def task_config_class(name: str) -> type[TaskConfig]:
     if name not in _TASK_CONFIGS and "." in name:
         try:
             importlib.import_module(name)
-        except ImportError as e:
-            raise ConfigError(f"rl.task={name!r}: cannot import the task family module: {e}") from None
+        except ModuleNotFoundError as e:
+            if e.name is not None and name.startswith(e.name):
+                raise ConfigError(f"rl.task={name!r}: no module {e.name!r} (a plug-in task family "
+                                  f"is an importable module path)") from None
+            raise ConfigError(f"rl.task={name!r}: importing the task family module failed: "
+                              f"{_where(e)}{type(e).__name__}: {e}") from None
+        except Exception as e:  # noqa: BLE001  (the family module's own error, shown as it is)
+            raise ConfigError(f"rl.task={name!r}: importing the task family module failed: "
+                              f"{_where(e)}{type(e).__name__}: {e}") from None
+        if name not in _TASK_CONFIGS:
+            raise ConfigError(f"rl.task={name!r}: the module imported but registered no task family "
+                              f"named {name!r}: decorate its family class with "
+                              f"composer_jax.rl.tasks.register, and give its config class "
+                              f"(a TaskConfig subclass) `family: str = __name__`")
     if name not in _TASK_CONFIGS:
         raise ConfigError(f"unknown rl task family {name!r}; registered: {sorted(_TASK_CONFIGS)} "
                           f"(a plug-in family is a module path, --set rl.task=package.module)")
     return _TASK_CONFIGS[name]
+
+
+def _where(e: BaseException) -> str:
+    """'file:line: ' of the innermost frame of an exception (where a family module failed)."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}: "
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}: " if tb is not None else ""
 
 
 class _TaskPresets(dict):
@@ -229,12 +251,12 @@ class WeightSyncConfig:
     versions, deltas between; dtype of the shipped inference copy ("" = as trained), names kept
     in their own dtype, chunk size (elements), delta codec (sparse: positions + XOR | xor), zstd
     level, encode/decode threads (0 = min(8, cpus))."""
-    full_snapshot_every: int = 10
+    full_snapshot_every: int = 10       # a full weight snapshot every K versions, deltas between
     dtype: str = "bfloat16"
-    keep_dtype: tuple[str, ...] = ("*bias",)
-    chunk_elems: int = 1 << 20
+    keep_dtype: tuple[str, ...] = ("*bias",)  # parameter names (globs) shipped in their own dtype
+    chunk_elems: int = 1 << 20          # elements per shipped chunk
     codec: str = "sparse"
-    zstd_level: int = 3
+    zstd_level: int = 3                 # zstd compression level of the chunks (1-22)
     threads: int = 0
 
     def __post_init__(self):
@@ -256,7 +278,7 @@ class RLConfig:
     """Asynchronous policy-gradient RL (DESIGN.md "Asynchronous RL"). The concave length/effort
     penalty is a reward term, configured with the other rewards in `env.reward_length_*`."""
     group_size: int = 4                 # samples per task; advantage = R - group mean
-    loss: PolicyLoss = PolicyLoss.TRUNCATED_IS
+    loss: PolicyLoss = PolicyLoss.TRUNCATED_IS  # policy loss: truncated_is | ppo_clip
     is_truncation: float = 2.0          # cap on the behaviour importance ratio
     clip_eps: float = 0.2               # PPO clipping (loss=ppo_clip)
     loss_normalizer: float = 4096.0     # token sums are divided by this constant (Dr.GRPO)

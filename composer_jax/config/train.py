@@ -26,27 +26,27 @@ class MTPLoss(str, enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Optimisation and loop settings (sequence length and global batch live in `data`)."""
-    steps: int = 100
+    steps: int = 100                    # optimizer steps of the run
     microbatches: int = 1          # gradient accumulation: data.global_batch_size is split in this many
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 10
-    schedule: Schedule = Schedule.COSINE
-    decay_fraction: float = 0.2
-    optimizer: Optimizer = Optimizer.ADAMW
-    b1: float = 0.9
-    b2: float = 0.95
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    mtp_loss: MTPLoss = MTPLoss.SUPERVISED
-    mtp_lambda: float = 0.3
-    z_loss: float = 0.0
-    max_nonfinite_steps: int = 5
-    log_every: int = 10
-    eval_every: int = 50
-    eval_batches: int = 4
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
+    lr: float = 1e-3                    # peak learning rate
+    min_lr_ratio: float = 0.1           # the schedule decays to min_lr_ratio x lr
+    warmup_steps: int = 10              # linear warmup steps
+    schedule: Schedule = Schedule.COSINE  # cosine | wsd (warmup-stable-decay) | constant
+    decay_fraction: float = 0.2         # wsd: fraction of the steps spent decaying
+    optimizer: Optimizer = Optimizer.ADAMW  # adamw | muon (Muon on matrices, AdamW on the rest)
+    b1: float = 0.9                     # Adam beta1
+    b2: float = 0.95                    # Adam beta2
+    weight_decay: float = 0.1           # decoupled weight decay
+    grad_clip: float = 1.0              # global gradient-norm clip (0 = off)
+    mtp_loss: MTPLoss = MTPLoss.SUPERVISED  # MTP heads' loss: supervised | self_distill
+    mtp_lambda: float = 0.3             # weight of the MTP loss
+    z_loss: float = 0.0                 # router/logit z-loss weight (0 = off)
+    max_nonfinite_steps: int = 5        # consecutive non-finite steps skipped before the run stops
+    log_every: int = 10                 # steps between metric rows
+    eval_every: int = 50                # steps between validation evaluations
+    eval_batches: int = 4               # validation batches per evaluation
+    checkpoint_every: int = 100         # steps between checkpoints
+    keep_checkpoints: int = 3           # checkpoints kept (older ones deleted)
     init_from: str = ""            # checkpoint dir or HF dir to start from ("" = random init)
     init_std: float = 0.02         # std of the normal init of a fresh model's weights
     loss: str = "lm"               # a registered loss (composer_jax.train.loss_api.get_loss)
@@ -60,6 +60,7 @@ class TrainConfig:
     profile_steps: tuple[int, ...] = ()   # jax.profiler trace of these steps -> WORKDIR/profile/
     wandb_project: str = ""        # "" = no Weights & Biases run; else log metrics to this project
     wandb_mode: str = "online"     # "online" | "offline" (wandb sync later) | "disabled"
+    wandb_group: str = ""          # W&B run group ("" = none; a sweep's trials share the sweep's)
     compilation_cache: bool = True  # JAX persistent compilation cache under <cache dir>/jax_compilation
 
     def __post_init__(self):

@@ -2,20 +2,22 @@
 the continuous-batching engine the RL workers sample from.
 
 Public names: `Engine`, `EngineConfig`, `SamplingParams`, `Completion`, `StreamEvent`,
-`PromptTooLongError`, `QueueFullError`, `SessionBusyError`, `EngineStoppedError`, `generate`; the pure pieces live in
-`cache`, `mla`, `forward`, `sampling`, `speculative` and `steps`.
+`PromptTooLongError`, `QueueFullError`, `SessionBusyError`, `EngineStoppedError`, `generate`; the
+pure pieces live in `cache`, `mla`, `forward`, `sampling`, `speculative` and `steps`. The request
+and completion types are `composer_jax.protocol`'s (JAX-free, shared with the agent package).
 
-The names load on first use, so the JAX-free modules (`params`: SamplingParams, `requests`:
-Completion and the errors) import without JAX (rollout workers, the agent package).
+The names load on first use, so importing the package imports no JAX.
 """
 import importlib
 import sys
 import types
 
-_WHERE = {"EngineConfig": "config", "Engine": "engine", "generate": "generate",
-          "SamplingParams": "params", "Completion": "requests", "EngineStoppedError": "requests",
-          "PromptTooLongError": "requests", "QueueFullError": "requests",
-          "SessionBusyError": "requests", "StreamEvent": "requests"}
+_WHERE = {"EngineConfig": "composer_jax.inference.config",
+          "Engine": "composer_jax.inference.engine",
+          "generate": "composer_jax.inference.generate",
+          **{name: "composer_jax.protocol" for name in (
+              "SamplingParams", "Completion", "EngineStoppedError", "PromptTooLongError",
+              "QueueFullError", "SessionBusyError", "StreamEvent")}}
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams", "Completion", "StreamEvent",
            "PromptTooLongError", "QueueFullError", "SessionBusyError", "EngineStoppedError", "generate"]
@@ -24,7 +26,7 @@ __all__ = ["Engine", "EngineConfig", "SamplingParams", "Completion", "StreamEven
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module 'composer_jax.inference' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"composer_jax.inference.{_WHERE[name]}"), name)
+    return getattr(importlib.import_module(_WHERE[name]), name)
 
 
 def __dir__():

@@ -48,7 +48,7 @@ from composer_jax.errors import ConfigError
 from composer_jax.inference import steps
 from composer_jax.inference.cache import init_cache
 from composer_jax.inference.config import EngineConfig
-from composer_jax.inference.requests import (Completion, EngineStoppedError, PromptTooLongError,
+from composer_jax.protocol.requests import (Completion, EngineStoppedError, PromptTooLongError,
                                              QueueFullError, SessionBusyError, StreamEvent)
 from composer_jax.inference.sampling import SamplerArrays, SamplingParams
 from composer_jax.inference.speculative import init_spec_state

@@ -7,7 +7,7 @@ from flax import nnx
 
 from composer_jax.inference.config import EngineConfig
 from composer_jax.inference.engine import Engine
-from composer_jax.inference.requests import Completion
+from composer_jax.protocol.requests import Completion
 from composer_jax.inference.sampling import SamplingParams
 
 

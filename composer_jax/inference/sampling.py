@@ -16,7 +16,7 @@ import numpy as np
 from flax import struct
 
 from composer_jax.errors import ConfigError  # noqa: F401
-from composer_jax.inference.params import SamplingParams  # noqa: F401  (JAX-free; re-exported)
+from composer_jax.protocol.params import SamplingParams  # noqa: F401  (JAX-free; re-exported)
 
 
 @struct.dataclass

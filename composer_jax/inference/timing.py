@@ -6,7 +6,7 @@ from typing import Sequence
 
 from composer_jax.inference.config import EngineConfig
 from composer_jax.inference.engine import Engine
-from composer_jax.inference.requests import Completion
+from composer_jax.protocol.requests import Completion
 from composer_jax.inference.sampling import SamplingParams
 
 

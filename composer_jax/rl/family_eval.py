@@ -20,12 +20,36 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
+import pathlib
 import threading
 
 import numpy as np
+from flax import nnx
 
-from composer_jax.rl.program import LocalClient
+from composer_jax.config import Config, from_dict
+from composer_jax.errors import ConfigError
 from composer_jax.rl.batch_metrics import level_metrics, resolved_of, standard_error
+from composer_jax.rl.program import LocalClient, build_program
+from composer_jax.rl.task_program import task_program_spec
+from composer_jax.rl.weights import MemoryTransport, WeightStore, WeightSyncSettings
+from composer_jax.rl.weights.engine_sync import publishable
+from composer_jax.train.run_checkpoint import checkpoint_steps, parse_run_source, read_meta
+from composer_jax.train.weights import load_weights
+
+
+def checkpoint_eval_fn(cfg, family):
+    """The run's checkpoint evaluator `eval_fn(model, version) -> dict`: the family's own
+    (`make_eval_fn`, e.g. the coding family's eval suite), else a `FamilyEvaluator` of its
+    held-out tasks when the family asks for one (`heldout_on_checkpoints`, the lookup families);
+    None with rl.job.eval_every = 0 or neither (the driver then runs held-out episodes on the
+    rollout workers)."""
+    if cfg.rl.job.eval_every <= 0:
+        return None
+    own = family.make_eval_fn()
+    if own is not None or not family.heldout_on_checkpoints:
+        return own
+    return FamilyEvaluator(build_program(task_program_spec(cfg)), cfg)
 
 
 class FamilyEvaluator:
@@ -38,10 +62,6 @@ class FamilyEvaluator:
         self._lock = threading.Lock()
 
     def _load(self, model, version: int):
-        from flax import nnx
-
-        from composer_jax.rl.weights import MemoryTransport, WeightStore, WeightSyncSettings
-        from composer_jax.rl.weights.engine_sync import publishable
         _, params, buffers = nnx.split(model, nnx.Param, ...)
         weights = publishable(nnx.to_pure_dict(params), nnx.to_pure_dict(buffers))
         # a fresh store per evaluation: versions need not grow (WORKDIR@0 after WORKDIR@40)
@@ -106,13 +126,6 @@ def evaluate_run(source: str) -> dict:
     """Scores `source` ("WORKDIR" = its newest checkpoint, "WORKDIR@V" = version V) on the held-out
     split of the run's own task family, with the run's config; returns the evaluation row plus
     `policy`, `version` and `task_family`."""
-    import pathlib
-
-    from composer_jax.errors import ConfigError
-    from composer_jax.rl.program import build_program
-    from composer_jax.rl.task_program import task_program_spec
-    from composer_jax.train.run_checkpoint import parse_run_source
-    from composer_jax.train.weights import load_weights
     cfg = run_config(source)
     program = build_program(task_program_spec(cfg))
     if not program.eval_tasks():
@@ -133,12 +146,6 @@ def evaluate_run(source: str) -> dict:
 
 def run_config(source: str):
     """The Config of the run `source` (WORKDIR or WORKDIR@V) names (its config.json)."""
-    import json
-    import pathlib
-
-    from composer_jax.config import Config, from_dict
-    from composer_jax.errors import ConfigError
-    from composer_jax.train.run_checkpoint import parse_run_source
     run_dir, _ = parse_run_source(source)
     cfg_file = pathlib.Path(run_dir) / "config.json"
     if not cfg_file.is_file():
@@ -159,7 +166,6 @@ def has_own_heldout(source: str) -> bool:
 def _is_rl_run(source: str) -> bool:
     """Whether the run's checkpoints are RL checkpoints (a pretraining run has a default rl
     section too)."""
-    from composer_jax.train.run_checkpoint import checkpoint_steps, parse_run_source, read_meta
     run_dir, _ = parse_run_source(source)
     steps = checkpoint_steps(run_dir)
     return bool(steps) and read_meta(run_dir, steps[-1]).get("kind") == "rl"

@@ -4,15 +4,15 @@ model. Built from the run's resolved config (`config.to_dict`), so every process
 same program; importing this module imports no JAX (rollout workers)."""
 from __future__ import annotations
 
+from composer_jax.config import Config, from_dict, to_dict
 from composer_jax.rl.program import ProgramSpec
+from composer_jax.rl.tasks import family_of
 
 
 class TaskProgram:
     """An `RLProgram` (rl/program.py) of the task family `cfg.rl.task.family`."""
 
     def __init__(self, config: dict):
-        from composer_jax.config import Config, from_dict
-        from composer_jax.rl.tasks import family_of
         self.cfg = from_dict(Config, config)
         self.family = family_of(self.cfg)
         self.eval_name = "heldout_" + self.family.name.rsplit(".", 1)[-1]   # metrics prefix
@@ -28,14 +28,18 @@ class TaskProgram:
         """`resume_kw` (checkpoint=, resume=) only when the family is `resumable`."""
         return self.family.run_episode(task_id, seed, policy, greedy=greedy, **resume_kw)
 
+    def initial_model(self):
+        """The run's initial policy (`rl.initial_policy`: train.init_from, else the family's)."""
+        from composer_jax.rl.initial_policy import initial_model  # JAX: not in rollout workers
+        return initial_model(self.cfg, self.family)
+
     def make_policy(self):
-        from composer_jax.rl.policy_server import EnginePolicyServer
-        return EnginePolicyServer(self.cfg, self.family.initial_model(),
-                                  self.family.engine_settings())
+        from composer_jax.rl.policy_server import EnginePolicyServer  # JAX: not in rollout workers
+        return EnginePolicyServer(self.cfg, self.initial_model(), self.family.engine_settings())
 
     def make_learner(self):
-        from composer_jax.rl.learner import ModelLearner
-        return ModelLearner(self.cfg, self.family.initial_model)
+        from composer_jax.rl.learner import ModelLearner  # JAX: not in rollout workers
+        return ModelLearner(self.cfg, self.initial_model)
 
 
 def make(config: dict) -> TaskProgram:
@@ -44,5 +48,4 @@ def make(config: dict) -> TaskProgram:
 
 def task_program_spec(cfg) -> ProgramSpec:
     """The ProgramSpec of cfg's task family (after the family's `prepare`)."""
-    from composer_jax.config import to_dict
     return ProgramSpec("composer_jax.rl.task_program:make", {"config": to_dict(cfg)})

@@ -1,8 +1,8 @@
-"""The dry-run planner: AOT-compile the sharded train step from abstract parameters.
+"""The dry-run planner's train step: AOT-compile the sharded train step from abstract parameters.
 
-`compile_plan(cfg)` must run in a process whose JAX sees at least `cfg.mesh.num_devices` devices
-(fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=N, set before JAX starts;
-`run_in_subprocess` starts `python -m composer_jax.train.plan CONFIG_JSON OUT_JSON` that way).
+`compile_plan(cfg, *planning_mesh(cfg))` must run in a process whose JAX sees at least
+`cfg.mesh.num_devices` devices (fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=N,
+set before JAX starts; `composer_jax.slice_plan.run_in_subprocess` starts such a process).
 Nothing is allocated: the train state (parameters, router biases, optimizer state) and the batch
 are `jax.ShapeDtypeStruct`s with shardings, and the step compiled is the training step itself
 (`composer_jax.train.step.make_step_fns`: the experiment's optimizer, MTP loss, token-chunked
@@ -23,8 +23,8 @@ static worst case.
 With `mesh.compile_topology` (a libtpu slice name) the process plans on that slice's compile-only
 TPU devices instead (composer_jax.parallel.aot): the step is traced for the TPU
 (`parallel.target.compiling_for`, so the real ragged all-to-all and ragged_dot are used, no
-stand-ins) and compiled by XLA:TPU; a step over HBM is reported as `compile_error`, and
-`mesh.compile_programs` adds the other programs (`compile_programs`, composer_jax.aot_programs).
+stand-ins) and compiled by XLA:TPU; a step over HBM is reported as `compile_error` (the other
+programs of `mesh.compile_programs` are composer_jax.slice_plan's, above this layer).
 
 Set COMPOSER_PLAN_DUMP_DIR=DIR to keep XLA's dumps of the step (optimized HLO, buffer
 assignment, live ranges) in DIR. Reported: per-device bytes of parameters / optimizer state
@@ -35,18 +35,25 @@ step (composer_jax.parallel.hlo_stats).
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
-import shutil
-import sys
-import tempfile
 import time
 
+import jax
+from flax import nnx
+from jax._src.interpreters import mlir
+from jax._src.lax import lax as lax_internal
+
+from composer_jax.model import abstract_model
+from composer_jax.parallel import aot
 from composer_jax.parallel.hlo_stats import collective_stats, peak_buffers
+from composer_jax.parallel.mesh import make_mesh
+from composer_jax.parallel.sharding import context_from_config, sharding_plan
+from composer_jax.train.placement import abstract_batch
+from composer_jax.train.step import TrainState, build_fns
 
 # jit name of the compiled step (`api.jit_with_context` wraps it in `traced`): selects the dump
-_MODULE_RE = "jit_traced"
+STEP_MODULE_RE = "jit_traced"
 
 
 def _grouped_gemm_stand_in(lhs, rhs, group_sizes, *, ragged_dot_dimension_numbers, precision,
@@ -59,9 +66,6 @@ def _grouped_gemm_stand_in(lhs, rhs, group_sizes, *, ragged_dot_dimension_number
     ([M,K] x [G,K,N] -> [M,N]) is one dot with one group's weight; ragged contracting mode (the
     weight gradient, [M,K] x [M,N] -> [G,K,N]) is one dot broadcast over the G groups.
     """
-    import jax
-    from jax._src.lax import lax as lax_internal
-
     del group_offset, out_sharding
     dn = ragged_dot_dimension_numbers
     mode, _ = lax_internal._ragged_dot_mode_and_dim(lhs.ndim, dn)
@@ -85,8 +89,6 @@ def _grouped_gemm_stand_in(lhs, rhs, group_sizes, *, ragged_dot_dimension_number
 def use_native_grouped_gemm_memory():
     """Registers `_grouped_gemm_stand_in` as the CPU lowering of ragged_dot. Only for a process
     that plans and never runs anything (the planner's subprocess): the values are wrong."""
-    from jax._src.interpreters import mlir
-    from jax._src.lax import lax as lax_internal
     mlir.register_lowering(lax_internal.ragged_dot_general_p,
                            mlir.lower_fun(_grouped_gemm_stand_in, multiple_results=False),
                            platform="cpu")
@@ -94,7 +96,6 @@ def use_native_grouped_gemm_memory():
 
 def _bytes_of(tree) -> int:
     """Per-device bytes of a tree of ShapeDtypeStructs with shardings."""
-    import jax
     n = 0
     for leaf in jax.tree.leaves(tree):
         n += math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
@@ -103,11 +104,6 @@ def _bytes_of(tree) -> int:
 
 def abstract_state(fns):
     """The abstract TrainState of a StepFns (parameters in the master dtype, train.master_dtype)."""
-    import jax
-    from flax import nnx
-
-    from composer_jax.train.step import TrainState
-
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, fns.master_dtype),
                           nnx.to_pure_dict(fns.abstract_params))
     scalar = jax.ShapeDtypeStruct((), "int32")
@@ -120,11 +116,6 @@ def sharded_step(cfg, mesh):
     """(train_step jitted on `mesh`, abstract TrainState, abstract batch, params sharding plan):
     exactly the step and shardings the training loop uses (`train.step.build_fns`); the abstract
     inputs carry their shardings."""
-    from composer_jax.model import abstract_model
-    from composer_jax.parallel.sharding import sharding_plan
-    from composer_jax.train.placement import abstract_batch
-    from composer_jax.train.step import build_fns
-
     fns = build_fns(abstract_model(cfg.model, cfg.execution), cfg, mesh)
     pl = fns.placement
     return (fns.train_step, pl.with_shardings(abstract_state(fns), pl.state),
@@ -136,10 +127,6 @@ def plan_devices(cfg) -> tuple[list, dict | None]:
     """(devices to plan on, target description or None): the TPU slice of
     `mesh.compile_topology` (composer_jax.parallel.aot), else the first mesh.num_devices devices
     JAX sees (fake CPU devices in the planner's subprocess)."""
-    import jax
-
-    from composer_jax.parallel import aot
-
     name = cfg.mesh.compile_topology
     if name:
         devices = aot.topology_devices(name)
@@ -150,22 +137,22 @@ def plan_devices(cfg) -> tuple[list, dict | None]:
     return jax.devices()[:n_dev], None
 
 
-def compile_plan(cfg, dump_dir: str | None = None) -> dict:
-    """Compiles the train step of `cfg` on a (virtual or TPU-target) mesh, then the other programs
-    of `mesh.compile_programs`; returns memory/collective numbers and the sharding plan.
-    dump_dir: where XLA was told to dump (XLA_FLAGS) the step's HLO, for the peak-memory
-    breakdown."""
-    from composer_jax.parallel import aot
-    from composer_jax.parallel.mesh import make_mesh
-    from composer_jax.parallel.sharding import context_from_config
-
+def planning_mesh(cfg) -> tuple:
+    """(mesh, target description or None) the planner compiles on (`plan_devices`); on fake CPU
+    devices it first swaps in the native grouped-GEMM memory stand-in for ragged_dot."""
     devices, target = plan_devices(cfg)
     if target is None and os.environ.get("COMPOSER_PLAN_DENSE_RAGGED_DOT") != "1":
         use_native_grouped_gemm_memory()    # XLA:CPU's own ragged_dot lowering is dense
-    n_dev = len(devices)
     # The step's sharding comes from the rules either way; an Auto mesh lets GSPMD place the rest
     # (mesh.axis_type=explicit changes how constraints are applied, not the layout).
-    mesh = make_mesh(cfg.mesh, devices=devices, axis_type="auto")
+    return make_mesh(cfg.mesh, devices=devices, axis_type="auto"), target
+
+
+def compile_plan(cfg, mesh, target: dict | None, dump_dir: str | None = None) -> dict:
+    """Compiles the train step of `cfg` on `mesh` (`planning_mesh`); returns memory/collective
+    numbers and the sharding plan. dump_dir: where XLA was told to dump (XLA_FLAGS) the step's
+    HLO, for the peak-memory breakdown."""
+    n_dev = mesh.devices.size
     pc = context_from_config(mesh, cfg.mesh)
     step, state, batch, plan = sharded_step(cfg, mesh)
     # router selection biases (a few KB) count with the parameters
@@ -197,7 +184,7 @@ def compile_plan(cfg, dump_dir: str | None = None) -> dict:
     coll, top_coll = collective_stats(hlo)
     peak, temps = [], []
     if dump_dir:
-        found = glob.glob(os.path.join(dump_dir, f"*{_MODULE_RE}*live-range.txt"))
+        found = glob.glob(os.path.join(dump_dir, f"*{STEP_MODULE_RE}*live-range.txt"))
         if found:
             with open(found[0]) as f:
                 peak = peak_buffers(f.read(), hlo)
@@ -220,102 +207,5 @@ def compile_plan(cfg, dump_dir: str | None = None) -> dict:
         "sharding_plan": plan,
         "target": target,
     }
-    if target:
-        out["programs"] = compile_programs(cfg, mesh, target)
     return out
 
-
-def compile_programs(cfg, mesh, target: dict) -> dict:
-    """name -> {memory_analysis, per_device_total, fits_hbm, compile_seconds, collectives, detail}
-    of each program of `mesh.compile_programs` (composer_jax.aot_programs), compiled for the TPU
-    target; a program that does not compile records its error (the others still run)."""
-    from composer_jax import aot_programs
-    from composer_jax.parallel import aot
-
-    out = {}
-    for kind in cfg.mesh.programs():
-        try:
-            progs = aot_programs.build(kind, cfg, mesh)
-        except Exception as e:      # noqa: BLE001 - reported per program
-            out[kind] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
-            continue
-        for prog in progs:
-            try:
-                compiled, secs = aot.lower_and_compile(
-                    prog.jitted, *prog.args, mesh=None if kind == "kernels" else mesh)
-            except Exception as e:  # noqa: BLE001
-                oom = aot.oom_report(e)
-                out[prog.name] = {"error": f"{type(e).__name__}: {str(e)[:2000]}",
-                                  "detail": prog.detail}
-                if oom:
-                    out[prog.name].update(per_device_total=oom["used"], fits_hbm=False)
-                continue
-            mem = aot.compiled_memory(compiled)
-            total = mem.pop("total")
-            hlo = compiled.as_text()
-            coll, _ = collective_stats(hlo)
-            out[prog.name] = {"per_device_total": total,
-                              "mosaic_kernels": hlo.count('custom_call_target="tpu_custom_call"'),
-                              "fits_hbm": aot.fits(total, target["hbm_bytes_per_device"]),
-                              "memory_analysis": mem, "collective_bytes": coll,
-                              "compile_seconds": secs, "detail": prog.detail}
-            print(f"compiled {prog.name} for {target['topology']} in {secs}s: "
-                  f"{total / 2**30:.2f} GiB per device", file=sys.stderr, flush=True)
-    return out
-
-
-def main(argv):
-    """python -m composer_jax.train.plan CONFIG_JSON OUT_JSON [DUMP_DIR] (run_in_subprocess
-    sets the fake device count and the dump flags)."""
-    cfg_path, out_path = argv[1], argv[2]
-    dump_dir = argv[3] if len(argv) > 3 else None
-    with open(cfg_path) as f:
-        raw = json.load(f)
-    from composer_jax.config import Config, from_dict
-    cfg = from_dict(Config, raw)
-    result = compile_plan(cfg, dump_dir)
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
-
-
-def run_in_subprocess(cfg, cfg_json_path: str, out_path: str, n_dev: int) -> dict:
-    """Runs `main` in a fresh interpreter with n_dev fake CPU devices; returns its result."""
-    import subprocess
-    keep = os.environ.get("COMPOSER_PLAN_DUMP_DIR")      # keep XLA's dumps there for inspection
-    dump_dir = keep or tempfile.mkdtemp(prefix="composer_plan_")
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        f" --xla_force_host_platform_device_count={n_dev}"
-                        f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
-                        f" --xla_dump_hlo_module_re={_MODULE_RE}").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    try:
-        proc = subprocess.run([sys.executable, "-m", "composer_jax.train.plan", cfg_json_path,
-                               out_path, dump_dir], env=env, capture_output=True, text=True)
-    finally:
-        if not keep:
-            shutil.rmtree(dump_dir, ignore_errors=True)
-    if proc.returncode != 0:
-        from composer_jax.errors import ComposerError, ConfigError
-        last = proc.stderr.strip().splitlines()[-1:] or [""]
-        if "ConfigError: " in last[0]:      # a config the mesh/slice cannot run: say just that
-            raise ConfigError(last[0].split("ConfigError: ", 1)[1])
-        reasons = {8: "SIGFPE: XLA:CPU overflows its int32 sizes on arrays this large",
-                   9: "SIGKILL: likely out of host memory"}
-        how = (f"was killed by signal {-proc.returncode} "
-               f"({reasons.get(-proc.returncode, 'see stderr below')}; the whole global batch was "
-               f"compiled for {n_dev} device(s))" if proc.returncode < 0
-               else f"exited with status {proc.returncode}")
-        raise ComposerError(
-            f"the dry-run compile {how}. Plan on a virtual mesh sized for the job, e.g. "
-            f"--set mesh.num_devices=256 --set mesh.expert=64 --set mesh.context=4 "
-            f"--set mesh.fsdp=1 --set mesh.rules=cp_ep --set train.microbatches=N, or a smaller "
-            f"data.global_batch_size.\n{proc.stderr[-6000:]}")
-    with open(out_path) as f:
-        return json.load(f)
-
-
-if __name__ == "__main__":
-    main(sys.argv)

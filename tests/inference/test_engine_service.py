@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from composer_jax.inference import Engine, SamplingParams
-from composer_jax.inference.requests import EngineStoppedError
+from composer_jax.protocol.requests import EngineStoppedError
 from composer_jax.inference.sampling import processed_logprobs
 
 from inference_testlib import ENGINE

@@ -43,7 +43,7 @@ import composer_jax.agent.policy_client, composer_jax.agent.parity
 import composer_jax.rl.worker_process, composer_jax.rl.backend_local, composer_jax.rl.tasks.coding
 from composer_jax.config import Config, SECTION_PRESETS
 from composer_jax.overrides import apply_overrides
-from composer_jax.inference.requests import Completion
+from composer_jax.protocol.requests import Completion
 from composer_jax.rl.program import build_program
 from composer_jax.rl.task_program import task_program_spec
 
@@ -136,8 +136,8 @@ def test_old_flat_rl_config_json_is_migrated():
 
 
 def test_completion_fields_round_trip():
-    from composer_jax.inference.params import SamplingParams
-    from composer_jax.inference.requests import Completion
+    from composer_jax.protocol.params import SamplingParams
+    from composer_jax.protocol.requests import Completion
     c = Completion(3, [1, 2], SamplingParams(), tokens=[4], logprobs=[-0.5], raw_logprobs=[-0.7],
                    versions=[2], router_indices=[np.ones((2, 1), np.int32)],
                    prompt_router_indices=np.zeros((1, 2, 1), np.int32), prompt_router_start=1,

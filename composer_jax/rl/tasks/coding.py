@@ -29,20 +29,24 @@ import sys
 from composer_jax.agent.policy_client import EngineClient
 from composer_jax.agent.tasks import TaskFamily
 from composer_jax.agent.token_agent import AgentConfig, SeededTurns, TokenAgent
+from composer_jax.config import to_dict
+from composer_jax.config.data import resolved_cache_dir
 from composer_jax.config.rl import CodingTaskConfig
+from composer_jax.data.tokenizer import load_tokenizer
+from composer_jax.env.tasks.generate import generate_pool
+from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.errors import ConfigError
-from composer_jax.rl.tasks import register
+from composer_jax.rl.tasks.registry import register
+from composer_jax.train.run_checkpoint import parse_run_source, run_config
 
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(path: str):
-    from composer_jax.data.tokenizer import load_tokenizer
     return load_tokenizer(pathlib.Path(path))
 
 
 @functools.lru_cache(maxsize=4)
 def _pool_tasks(pool_dir: str):
-    from composer_jax.env.tasks.pool import TaskPool
     pool = TaskPool(pathlib.Path(pool_dir))
     return pool, sorted((t for t in pool.tasks() if t.split == "train"), key=lambda t: t.task_id)
 
@@ -99,7 +103,7 @@ class CodingFamily(TaskFamily):
         """The initial policy: `rl.task.init_from` (a run workdir); "" = a fresh cfg.model."""
         if not self.init_from:
             return super().initial_model()
-        from composer_jax.train.weights import load_weights
+        from composer_jax.train.weights import load_weights  # JAX: not in rollout workers
         w = load_weights(self.init_from, self.cfg)
         if w.model_cfg.vocab_size != self.cfg.model.vocab_size:
             raise ConfigError(f"rl.task.init_from={self.init_from!r} has vocab "
@@ -118,7 +122,7 @@ class CodingFamily(TaskFamily):
         held-out suite tasks, or None with rl.job.eval_every = 0."""
         if self.cfg.rl.job.eval_every <= 0:
             return None
-        from composer_jax.eval.api import ensure_suite, eval_resolved_rate
+        from composer_jax.eval.api import ensure_suite, eval_resolved_rate  # JAX: driver side
         cfg, tok = self.cfg, self.tokenizer()
         suite = ensure_suite(cfg, progress=False)
 
@@ -129,11 +133,14 @@ class CodingFamily(TaskFamily):
 
     @classmethod
     def prepare(cls, cfg):
-        """Resolves the pool (env.pool_dir), the initial policy (rl.task.init_from) and the
-        run's model (the initial policy's architecture)."""
-        from composer_jax.train.weights import run_config
+        """Resolves the pool (env.pool_dir), the initial policy (rl.task.init_from, else the run of
+        train.init_from, else the cached `sft` run) and the run's model (its architecture)."""
         pool = ensure_pool(cfg)
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, pool_dir=str(pool)))
+        if cfg.train.init_from and not cfg.rl.task.init_from:   # the run's tokenizer and model
+            run_dir, _ = parse_run_source(cfg.train.init_from)
+            task = dataclasses.replace(cfg.rl.task, init_from=str(run_dir))
+            cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=task))
         init = ensure_sft_policy(cfg, pool)
         task = dataclasses.replace(cfg.rl.task, init_from=str(init))
         cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=task))
@@ -141,7 +148,6 @@ class CodingFamily(TaskFamily):
 
 
 def _cache(cfg) -> pathlib.Path:
-    from composer_jax.config.data import resolved_cache_dir
     return pathlib.Path(resolved_cache_dir(cfg.data))
 
 
@@ -152,8 +158,6 @@ def _key(*parts) -> str:
 def ensure_pool(cfg) -> pathlib.Path:
     """The RL task pool: env.pool_dir, else a cached one (generated on first use from cfg.env:
     num_tasks training tasks of the configured kinds; held-out modules are never used)."""
-    from composer_jax.env.tasks.generate import generate_pool
-    from composer_jax.env.tasks.pool import TaskPool
     if cfg.env.pool_dir:
         return pathlib.Path(cfg.env.pool_dir)
     e = cfg.env
@@ -171,9 +175,9 @@ def ensure_sft_policy(cfg, pool: pathlib.Path) -> pathlib.Path:
     pool manifest and SFT settings; built on first use: a few minutes on CPU)."""
     if cfg.rl.task.init_from:
         return pathlib.Path(cfg.rl.task.init_from)
+    # deferred: the `sft` experiment sits above rl (registry -> experiments); a climb up the layers
     from composer_jax import registry
-    from composer_jax.api import save_config
-    from composer_jax.config import to_dict
+    from composer_jax.api import save_config  # deferred with registry (above)
     exp = registry.get("sft")
     sft = exp.make_config()
     sft = dataclasses.replace(sft, data=dataclasses.replace(sft.data, sft_pool=str(pool),

@@ -27,7 +27,7 @@ from composer_jax.config.rl import CodingTaskConfig
 from composer_jax.env.agents import edit_plan
 from composer_jax.env.protocol import render_assistant
 from composer_jax.env.tasks.task import Task, read_files
-from composer_jax.rl.tasks import register
+from composer_jax.rl.tasks.registry import register
 from composer_jax.rl.tasks.coding import CodingFamily
 
 NAME = "composer_jax.rl.tasks.coding_scripted"

@@ -14,9 +14,9 @@ with its code), with a held-out split of prompt keys never trained on.
   concave in real generated tokens, scaled per level by `rl.task.length_weights` (difficulty-
   aware: easy tasks pay for length, hard ones do not).
 - inference and trainer side: the SFT initial policy (`rl/tasks/lookup_sft.py`).
-- held-out evaluation: `rl.family_eval.FamilyEvaluator` (greedy episodes of every held-out task
-  with exactly the evaluated version's weights), also behind `--experiment=eval --set
-  eval.policy=WORKDIR[@V]`.
+- held-out evaluation (`heldout_on_checkpoints`): `rl.family_eval.FamilyEvaluator` (episodes
+  of every held-out task with exactly the evaluated version's weights), also behind
+  `--experiment=eval --set eval.policy=WORKDIR[@V]`.
 """
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ from composer_jax.agent import lookup as lk
 from composer_jax.agent.policy_client import EngineClient
 from composer_jax.agent.tasks import TaskFamily
 from composer_jax.agent.token_agent import AgentConfig, SeededTurns, TokenAgent
+from composer_jax.config import tiny
+from composer_jax.config.env import EnvConfig
 from composer_jax.config.rl import LookupTaskConfig
-from composer_jax.rl.tasks import register
+from composer_jax.env.rewards import compute_reward
+from composer_jax.rl.tasks.registry import register
 
 
 def lookup_model_config(vocab_size: int = lk.VOCAB_SIZE):
     """The `tiny` MoE with the family's vocabulary and no MTP (the RL step skips it)."""
-    from composer_jax.config import tiny
     return dataclasses.replace(tiny(), name="tiny_lookup", vocab_size=vocab_size, mtp_depth=0)
 
 
@@ -41,7 +43,6 @@ def lookup_env_config():
     calls, final message; tool outputs, calls and turns weigh 0), with C(x) concave (q = 0.5,
     k = 0.05) and a weight that matters at this scale: 0.01 * C(x) is 0.29 for a minimal easy
     episode (40 tokens) and grows by ~0.03 per 5 extra tokens there."""
-    from composer_jax.config.env import EnvConfig
     return dataclasses.replace(
         EnvConfig(), reward_length_coef=0.01, reward_length_k=0.05, reward_length_q=0.5,
         reward_length_token_weight=1.0, reward_length_tool_call_token_weight=1.0,
@@ -54,6 +55,7 @@ class LookupFamily(TaskFamily):
     name = "lookup"
     config_cls = LookupTaskConfig
     resumable = True            # episodes checkpoint every turn and resume (agent.episode_checkpoint)
+    heldout_on_checkpoints = True   # rl.family_eval.FamilyEvaluator scores the checkpoints
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -112,7 +114,6 @@ class LookupFamily(TaskFamily):
 
     def _score(self, agent: TokenAgent, task: lk.LookupTask, book: lk.NoteBook, ep) -> dict:
         """The reward of a finished episode (module docstring); facts into `ep.info`."""
-        from composer_jax.env.rewards import compute_reward
         g = lk.grade(task, book)
         weight = dict(zip(lk.LEVELS, self.task_cfg.length_weights))[task.level]
         r = compute_reward(resolved=g.correct, f2p_fraction=0.0, num_calls=book.num_calls,
@@ -127,18 +128,9 @@ class LookupFamily(TaskFamily):
         return dataclasses.asdict(r)
 
     def initial_model(self):
+        # deferred: the SFT policy is JAX (trainer and inference side); workers build this family
         from composer_jax.rl.tasks.lookup_sft import initial_model
         return initial_model(self.cfg)
 
     def sample_prompts(self, limit: int = 4) -> list:
         return [t.messages() for t in self._split["eval"][:limit]]
-
-    def make_eval_fn(self):
-        """The held-out evaluator (`rl.family_eval.FamilyEvaluator`), or None with
-        rl.job.eval_every = 0."""
-        if self.cfg.rl.job.eval_every <= 0:
-            return None
-        from composer_jax.rl.family_eval import FamilyEvaluator
-        from composer_jax.rl.program import build_program
-        from composer_jax.rl.task_program import task_program_spec
-        return FamilyEvaluator(build_program(task_program_spec(self.cfg)), self.cfg)

@@ -10,7 +10,7 @@ from composer_jax.agent import parity as tt
 from composer_jax.agent.tasks import SingleTurnFamily
 from composer_jax.config.rl import ParityTaskConfig
 from composer_jax.rl.latency_model import episode_latency
-from composer_jax.rl.tasks import register
+from composer_jax.rl.tasks.registry import register
 
 
 @register

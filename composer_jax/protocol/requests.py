@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 
 from composer_jax.errors import ComposerError
-from composer_jax.inference.params import SamplingParams
+from composer_jax.protocol.params import SamplingParams
 
 
 class PromptTooLongError(ComposerError, ValueError):
