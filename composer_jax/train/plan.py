@@ -189,7 +189,7 @@ def compile_plan(cfg, mesh, target: dict | None, dump_dir: str | None = None) ->
             with open(found[0]) as f:
                 peak = peak_buffers(f.read(), hlo)
         from composer_jax.parallel.memory_report import temporaries_from_dump
-        temps = temporaries_from_dump(dump_dir, _MODULE_RE, hlo)
+        temps = temporaries_from_dump(dump_dir, STEP_MODULE_RE, hlo)
     out = {
         "mesh": pc.sizes, "rules": pc.rules.name, "num_devices": n_dev,
         "microbatches": cfg.train.microbatches,
