@@ -225,8 +225,11 @@ def lookup_on_shards(v: nnx.Variable, ids: jax.Array) -> jax.Array | None:
     d_axes = _spec_axes(spec[1])
     if not d_axes:
         return None
-    ids_spec = logical_to_spec(("batch", "seq"), pc.rules, ids.shape, pc.sizes, what="token ids",
-                               drop=d_axes)
+    try:
+        ids_spec = logical_to_spec(("batch", "seq"), pc.rules, ids.shape, pc.sizes,
+                                   what="token ids", drop=d_axes)
+    except ConfigError:     # ids that do not split over the batch axes (e.g. a decode batch)
+        return None
     table = constrain(v[...], spec)
     out = jnp.take(table, constrain(ids, ids_spec), axis=0)
     return constrain(out, P(*ids_spec, d_axes[0] if len(d_axes) == 1 else d_axes))
