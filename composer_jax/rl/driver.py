@@ -38,7 +38,9 @@ from composer_jax.agent.rollout import Rollout, atomic_write_bytes
 from composer_jax.errors import ConfigError
 from composer_jax.rl.admission import AdmissionControl
 from composer_jax.rl.backend import Backend, make_backend
+from composer_jax.rl.baseline import finish_baseline, resubmit_lost_baseline
 from composer_jax.rl.evaluators import CheckpointEvaluator, EvaluatorService
+from composer_jax.rl.health import HealthMonitor, health_warnings
 from composer_jax.rl.jobs import EVAL, Job
 from composer_jax.rl.program import ProgramSpec, build_program
 from composer_jax.rl.schedule import ReproducibleScheduler
@@ -176,13 +178,17 @@ class _Metrics:
         self.writer = MetricsWriter(workdir, resume_from=resume_from)
         self.lock = threading.Lock()
         self.last: dict = {}
-        kept = [r for r in read_metrics(workdir) if "reward_mean" in r]
+        rows = read_metrics(workdir)
+        kept = [r for r in rows if "reward_mean" in r]
         self.train: dict = kept[-1] if kept else {}
         self.train_step: int = int(self.train.get("step", 0))
+        self.health = HealthMonitor([r for r in rows if int(r.get("step", 0)) <= resume_from])
 
     def __call__(self, step: int, row: dict) -> None:
         with self.lock:
             self.writer.write(step, row)
+            for w in self.health.check(step, row):      # rl/health.py: one line each
+                print(w, file=sys.stderr)
             self.last.update(row)
             if "reward_mean" in row:
                 self.train, self.train_step = dict(row), max(self.train_step, int(step))
@@ -262,6 +268,8 @@ class RLRun:
                                           settings.eval_every, self.metrics,
                                           getattr(program, "eval_name", "heldout_parity"))
         self._evaluate_checkpoint(st.version, self.trainer.state)   # the starting policy
+        if st.restored:
+            resubmit_lost_baseline(self)            # killed during version 0's evaluation
         self.pool = backend.make_pool(self.spec, self.inference)
         self.bar = _progress(settings, st.version)
         self.pids_written: list[int] = []
@@ -381,7 +389,10 @@ class RLRun:
 
     def close(self) -> None:
         """Stops every service; a stopped run first checkpoints the version it reached (the
-        trainer finishes the step in progress and logs its row)."""
+        trainer finishes the step in progress and logs its row); version 0's held-out evaluation,
+        if running, finishes first (`rl/baseline.py`)."""
+        if self.stopped_by:
+            finish_baseline(self)
         self.trainer.stop()
         self.trainer.join(timeout=600)       # a step in progress finishes (and logs its row)
         p = self.trainer.progress
@@ -425,12 +436,18 @@ def summarize(run: RLRun) -> dict:
                         "held-out tasks of the program (parity: held-out parity tasks)"),
         "inference": run.inference_stats,
         "resumed_from": run.start.version, "readmitted": run.start.readmitted,
+        "warnings": health_warnings(_all_rows(run.workdir)),     # rl/health.py
         "segment": {"elapsed_s": run.elapsed_s,
                     "rollouts_finished": run.stream.num_put - run.put_at_start,
                     "rollouts_trained": p.rollouts_trained},
     }
     atomic_write_bytes(run.workdir / "rl_summary.json", json.dumps(summary, indent=1).encode())
     return summary
+
+
+def _all_rows(workdir: pathlib.Path) -> list[dict]:
+    from composer_jax.runlog import read_metrics
+    return read_metrics(workdir)
 
 
 def _eval_rows(workdir: pathlib.Path) -> dict:
