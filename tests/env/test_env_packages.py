@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import composer_jax.heldout
+from composer_jax.agent.episode import run_episode
 from composer_jax.env.check import check_pool
 from composer_jax.env.config import EnvConfig, SandboxBackend, Split
 from composer_jax.env.pythons import find_pythons
@@ -211,12 +212,18 @@ def test_package_tasks_validate_and_oracle_resolves(site, tmp_path):
         assert t.python_version == _newest() and t.split == "train"
         assert t.edit_files == ("toypkg/core.py",) or t.edit_files == ("toypkg/__init__.py",)
         assert t.fail_to_pass and all(x.startswith("toypkg.tests.test_core.") for x in t.test_ids)
-        assert (d / "snapshot" / "toypkg" / "tests" / "test_core.py").read_text() == TESTS
+        shown = (d / "snapshot" / "toypkg" / "tests" / "test_core.py").read_text()
+        graded = d / "grading_tests" / "toypkg" / "tests" / "test_core.py"
+        if t.held_back:  # the agent's copy lacks them; the grader runs the package's own file
+            assert graded.read_text() == TESTS and shown != TESTS
+            assert all(f"def {h.rsplit('.', 1)[1]}(" not in shown for h in t.held_back)
+        else:
+            assert shown == TESTS and not graded.exists()
         assert not (d / "snapshot" / "toypkg" / "_speedups.cpython-312-x86_64-linux-gnu.so").exists()
         assert "toypkg/" in t.problem_statement
     manifest = json.loads((tmp_path / "pool" / "manifest.json").read_text())
     assert manifest["sources"] == {"toypkg==1.2.3": 3}
-    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", progress=False)
+    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", play=run_episode, progress=False)
     assert out["oracle_resolved_rate"] == 1.0 and out["null_resolved_rate"] == 0.0
     assert out["sources"] == {"toypkg==1.2.3": 3}
 
@@ -234,5 +241,5 @@ def test_simplejson_from_the_environment_makes_tasks(tmp_path):
     assert source.startswith("simplejson==")
     tasks = TaskPool(tmp_path / "pool").tasks()
     assert all(t.edit_files[0].startswith("simplejson/") and t.origin == "package" for t in tasks)
-    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", progress=False)
+    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", play=run_episode, progress=False)
     assert out["oracle_resolved_rate"] == 1.0 and out["null_resolved_rate"] == 0.0
