@@ -47,6 +47,7 @@ from composer_jax.rl.schedule import ReproducibleScheduler
 from composer_jax.rl.settings import DriverSettings, settings_from_config  # noqa: F401  (old path)
 from composer_jax.rl.stream import RolloutLog, RolloutStream, group_name
 from composer_jax.rl.trainer import TrainerService, TrainerStart
+from composer_jax.runlog import read_metrics
 
 
 def task_for_group(tasks: list[str], index: int, seed: int) -> str:
@@ -436,18 +437,13 @@ def summarize(run: RLRun) -> dict:
                         "held-out tasks of the program (parity: held-out parity tasks)"),
         "inference": run.inference_stats,
         "resumed_from": run.start.version, "readmitted": run.start.readmitted,
-        "warnings": health_warnings(_all_rows(run.workdir)),     # rl/health.py
+        "warnings": health_warnings(read_metrics(run.workdir)),    # rl/health.py
         "segment": {"elapsed_s": run.elapsed_s,
                     "rollouts_finished": run.stream.num_put - run.put_at_start,
                     "rollouts_trained": p.rollouts_trained},
     }
     atomic_write_bytes(run.workdir / "rl_summary.json", json.dumps(summary, indent=1).encode())
     return summary
-
-
-def _all_rows(workdir: pathlib.Path) -> list[dict]:
-    from composer_jax.runlog import read_metrics
-    return read_metrics(workdir)
 
 
 def _eval_rows(workdir: pathlib.Path) -> dict:

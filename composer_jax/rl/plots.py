@@ -106,7 +106,6 @@ def _throughput(rows, run: str, path: pathlib.Path) -> pathlib.Path:
 def _health(rows, run: str, path: pathlib.Path) -> pathlib.Path:
     """The panels of the module docstring; a metric the run did not log says so in its panel."""
     import matplotlib.pyplot as plt
-    from composer_jax.runlog import metric_series
     panels = [("entropy", "policy entropy (nats / token)", ""),
               ("kl_k1", "KL to initial policy (k1)", "not logged (rl.kl_coef = 0)"),
               ("valid_call_rate", "valid-call rate", "no tool calls logged"),

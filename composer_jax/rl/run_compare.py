@@ -16,6 +16,7 @@ import pathlib
 import sys
 
 import numpy as np
+import orbax.checkpoint as ocp
 
 # wall-clock (or wall-clock-derived) metric names: the only fields allowed to differ
 TIME_FIELDS = ("time", "step_time_s", "rollouts_per_sec", "trained_tokens_per_sec",
@@ -50,7 +51,6 @@ def consumed(workdir) -> list[dict]:
 
 def checkpoint_arrays(workdir) -> tuple[int, dict[str, np.ndarray]]:
     """(version, {path: array}) of the newest checkpoint's trainer state, read without a template."""
-    import orbax.checkpoint as ocp
     root = pathlib.Path(workdir).resolve() / "checkpoints"
     steps = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
     if not steps:
