@@ -2,12 +2,12 @@
 schedules, side by side in one process on one machine, and whether two reproducible runs are the
 same run (`rl/run_compare.py`):
 
-    python benchmarks/rl_schedule_throughput.py [--steps 6]
+    python benchmarks/rl_schedule_throughput.py [--steps 6] [--rounds 2]
 
 Each run trains `--steps` versions without held-out evaluation (rl.job.eval_every=0), so the time
 is rollouts and training; rollouts/s is measured from the version-2 row to the last (compilation
-and the first batch excluded) and over the whole run (rl_summary.json). Order: reproducible,
-free_running, reproducible. Writes benchmarks/results/rl_schedule_throughput.txt."""
+and the first batch excluded) and over the whole run (rl_summary.json). The schedules alternate
+(--rounds pairs: free_running, reproducible, ...), so drift of the machine's load hits both. Writes benchmarks/results/rl_schedule_throughput.txt."""
 from __future__ import annotations
 
 import argparse
@@ -49,19 +49,25 @@ def run(workdir: pathlib.Path, schedule: str, steps: int) -> dict:
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="rl_sched_"))
     try:
-        dirs = [tmp / "repro_a", tmp / "free", tmp / "repro_b"]
-        res = [run(d, sch, args.steps) for d, sch in
-               zip(dirs, ("reproducible", "free_running", "reproducible"))]
-        diffs = compare_runs(dirs[0], dirs[2])
+        plan = [(tmp / f"{sch}_{i}", sch) for i in range(args.rounds)
+                for sch in ("free_running", "reproducible")]
+        res = [run(d, sch, args.steps) for d, sch in plan]
+        repro = [d for d, sch in plan if sch == "reproducible"]
+        diffs = compare_runs(repro[0], repro[1]) if len(repro) > 1 else ["only one run"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     lines = [f"rl_async (lookup, 4 groups x 8 samples per step, 32 rollout workers, "
              f"rl.max_staleness=2), {args.steps} versions, rl.job.eval_every=0; one machine, "
              f"runs in sequence; command: python benchmarks/rl_schedule_throughput.py "
-             f"--steps {args.steps}"]
+             f"--steps {args.steps} --rounds {args.rounds}"]
+    for sch in ("free_running", "reproducible"):
+        xs = [r["steady_rollouts_per_sec"] for r in res if r["schedule"] == sch]
+        lines.append(f"{sch:13s} mean rollouts/s (versions 2..{args.steps}) over {len(xs)} runs: "
+                     f"{sum(xs) / len(xs):6.2f}")
     for r in res:
         lines.append(f"{r['schedule']:13s} rollouts/s {r['steady_rollouts_per_sec']:6.2f} "
                      f"(versions 2..{args.steps}), {r['run_rollouts_per_sec']:6.2f} (whole run), "

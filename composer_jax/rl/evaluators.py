@@ -49,7 +49,8 @@ class EvaluatorService:
         got = self._pending.setdefault(job.eval_version, {})
         got[job.group_id] = rollout
         if len(got) == len(self.tasks):
-            rs = list(got.values())
+            rs = [got[k] for k in sorted(got)]      # task order, not arrival order: the
+                                                    # same sums, bit for bit, in every run
             res, rewards = [resolved_of(r) for r in rs], [r.total_reward for r in rs]
             rate = float(np.mean(res))
             row = {f"{self.name}_resolved_rate": rate,
