@@ -19,6 +19,9 @@
    process on the same pool, workers and seconds - with the ratio new/base. Each side grades every
    task once untimed first (the system index, and for this tree the per-task reference run, which
    is cached), and the one-time reference cost per task is reported on its own.
+5. With `--attacks` (and `--pool`, a pool with secret cases, e.g. `env.modules=fnmatch`): the
+   grading time of every red-team payload of `tests/env/test_env_redteam_secret.py` against the
+   median of `--rounds` honest gradings (the reference fix) of the same task, and the worst ratio.
 Results go to stdout and to `--out` (default benchmarks/results/sandbox_bench.txt).
 """
 from __future__ import annotations
@@ -221,6 +224,47 @@ def grading_side_by_side(base: str, pool_dir: str, seconds: float, workers: int,
     ]
 
 
+def attack_times(pool_dir: str, rounds: int) -> list[str]:
+    """Grading seconds of each red-team payload vs honest gradings of the same task (item 5)."""
+    sys.path[:0] = [str(ROOT / "tests" / "env")]
+    import test_env_redteam_secret as rt
+    from redteam_helpers import case_task, play_task
+    pool = TaskPool(pathlib.Path(pool_dir))
+    case_pool = (pool, dataclasses.replace(EnvConfig(), use_embeddings=False,
+                                           python_versions=tuple(sorted(
+                                               {t.python_version for t in pool.tasks()}))))
+    task, d, cfg = case_task(case_pool)
+    rel = task.edit_files[0]
+    broken, fixed = (d / "snapshot" / rel).read_text(), (d / "solution" / rel).read_text()
+
+    def graded(text):
+        ep = play_task(task, d, cfg, [("write_file", {"file_path": rel, "contents": text})])
+        return ep.grade
+
+    graded(fixed)  # untimed: builds the reference and secret-case caches
+    honest = [graded(fixed) for _ in range(rounds)]
+    base = statistics.median(g.seconds for g in honest)
+    payloads = {f"forge/{k}": v.replace("IDS", repr(list(task.test_ids)))
+                for k, v in rt.FORGERS.items()}
+    payloads.update({f"special/{k}": rt._DISPATCH.replace("GOOD", repr(fixed)).replace(
+        "CONDITION", c) for k, c in rt.SPECIAL.items()})
+    payloads.update({f"parent_work/{k}": rt._EMIT_OBS.replace("BODY", b).replace(
+        "IDS", repr(list(task.test_ids))) for k, b in rt._PARENT_WORK.items()})
+    payloads["endless_loop"] = "\n_f0 = fnmatch\ndef fnmatch(n, p):\n    while True:\n        pass\n"
+    lines = [f"red-team grading times on {task.task_id} ({len(task.fail_to_pass)} FAIL_TO_PASS, "
+             f"{len(task.held_back)} held back; honest grading median of {rounds}: {base:.3f} s, "
+             f"all resolved: {all(g.resolved for g in honest)})",
+             f"  {'attack':34s} {'seconds':>8s} {'x honest':>9s}  resolved  secret  detail"]
+    worst = 0.0
+    for name, payload in sorted(payloads.items()):
+        g = graded(broken + payload)
+        worst = max(worst, g.seconds / base)
+        lines.append(f"  {name:34s} {g.seconds:8.3f} {g.seconds / base:9.2f}  {str(g.resolved):8s}"
+                     f"  {g.secret_passed}/{g.secret_total}  {g.detail[:60]!r}")
+    lines.append(f"  worst red-team grading / honest grading: {worst:.2f}x")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", default="")
@@ -232,7 +276,20 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only_grading", action="store_true",
                     help="with --base: only the side-by-side grading comparison")
+    ap.add_argument("--attacks", action="store_true",
+                    help="with --pool: red-team grading times against honest gradings")
     args = ap.parse_args(argv)
+    if args.attacks:
+        if not args.pool:
+            ap.error("--attacks needs --pool")
+        up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        lines = ["composer_jax sandbox benchmark (benchmarks/sandbox_bench.py --attacks)",
+                 f"machine: {os.cpu_count()} CPUs, {platform.platform()}", f"uptime before: {up}"]
+        lines += attack_times(args.pool, max(args.rounds, 3))
+        text = "\n".join(lines) + "\n"
+        print(text, end="")
+        pathlib.Path(args.out).write_text(text)
+        return 0
     if args.base and args.only_grading:
         if not args.pool:
             ap.error("--only_grading needs --pool")

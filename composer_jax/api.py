@@ -18,8 +18,10 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
-from composer_jax.config import (MODEL_PRESET_EXECUTION, MODEL_PRESETS, SECTION_PRESETS, Config,
+from composer_jax import registry
+from composer_jax.config import (MODEL_PRESETS, MODEL_PRESET_EXECUTION, SECTION_PRESETS, Config,
                                  ExecutionConfig, from_dict, to_dict)
+from composer_jax.data.config import resolved_cache_dir
 from composer_jax.errors import ConfigError
 from composer_jax.overrides import apply_overrides, config_keys
 
@@ -96,7 +98,6 @@ def _base_config(base) -> Config:
                       execution=MODEL_PRESET_EXECUTION.get(text, ExecutionConfig)())
     if text.endswith(".json") or "/" in text or os.sep in text:
         return load_config(text)
-    from composer_jax import registry
     exps = registry.load_all()
     if text in exps:
         return exps[text].make_config()
@@ -148,7 +149,6 @@ def enable_compilation_cache(cfg: Config | None = None, directory: str | None = 
     if not getattr(cfg.train, "compilation_cache", True):
         return None
     if directory is None:
-        from composer_jax.data.config import resolved_cache_dir
         directory = os.path.join(resolved_cache_dir(cfg.data), "jax_compilation")
     import jax
     if "://" not in directory:

@@ -24,6 +24,9 @@ import pathlib
 import sys
 import time
 
+from composer_jax.config import to_dict
+from composer_jax.errors import ConfigError
+
 
 def is_remote(path) -> bool:
     """Whether `path` is a URL (gs://, s3://, ...) rather than a local path."""
@@ -88,7 +91,6 @@ class WandbWriter:
         try:
             import wandb
         except ImportError:
-            from composer_jax.errors import ConfigError
             raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: "
                               f"pip install -e '.[wandb]' (or set train.wandb_project='')") from None
         workdir = run_path(workdir)
@@ -162,7 +164,6 @@ class MetricsWriter:
                 replay_rows(self._tb, kept)      # one event file: the kept rows, then new ones
         conf = run_config_dict(self.workdir) if config is None else None
         if config is not None:
-            from composer_jax.config import to_dict
             conf = to_dict(config)
         tc = (conf or {}).get("train") or {}
         if tc.get("wandb_project") and tc.get("wandb_mode", "online") != "disabled":

@@ -9,7 +9,8 @@
                      one-task smoke test (generate, oracle, null); WORKDIR/env_doctor.json
 
 Override with e.g. `--set env.num_tasks=300 --set env.python_versions=3.12,3.13`.
-No JAX is imported by these experiments.
+No JAX is imported by these experiments. The episode loop (`composer_jax.agent.episode`) is passed
+into the environment code from here: env/ imports nothing from the agent package.
 """
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def _generate(cfg: Config, workdir: pathlib.Path) -> dict:
 
 
 def _check(cfg: Config, workdir: pathlib.Path) -> dict:
+    from composer_jax.agent.episode import run_episode
     from composer_jax.env.check import EmptyPoolError, check_pool, empty_pool_message
     from composer_jax.env.tasks.pool import TaskPool
 
@@ -72,21 +74,26 @@ def _check(cfg: Config, workdir: pathlib.Path) -> dict:
             raise EmptyPoolError(empty_pool_message(pool))  # generation ran and failed
         print(f"no tasks in {pool}: generating the pool first")
         _generate(cfg, workdir)
-    summary = check_pool(cfg.env, pool, workdir)
+    summary = check_pool(cfg.env, pool, workdir, play=run_episode)
     print(json.dumps({k: summary[k] for k in ("num_tasks", "kinds", "sources", "oracle_resolved_rate",
                                               "null_resolved_rate", "oracle_tampered",
                                               "null_tampered", "null_parent_refuted_tasks",
-                                              "null_parent_refuted_f2p", "median_lines_changed",
-                                              "seconds")}))
+                                              "null_parent_refuted_f2p", "secret_case_tasks",
+                                              "secret_telling_tasks", "held_back_tasks",
+                                              "median_lines_changed", "seconds")}))
+    print(f"secret cases on {summary['secret_case_tasks']:.0%} of tasks (the unfixed code fails "
+          f"one on {summary['secret_telling_tasks']:.0%}); held-back tests on "
+          f"{summary['held_back_tasks']:.0%}")
     return summary
 
 
 def _doctor(cfg: Config, workdir: pathlib.Path) -> dict:
+    from composer_jax.agent.episode import run_episode
     from composer_jax.env.doctor import diagnose
     from composer_jax.env.tasks.pool import atomic_write_text
     from composer_jax.errors import ComposerError
 
-    report = diagnose(cfg.env, workdir)
+    report = diagnose(cfg.env, workdir, run_episode)
     atomic_write_text(pathlib.Path(workdir) / "env_doctor.json", json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     smoke = report["smoke_test"]

@@ -28,7 +28,7 @@ import pathlib
 from composer_jax import registry
 from composer_jax.config import (CodingTaskConfig, Config, EnvConfig, EvalConfig, JobConfig,
                                  LookupTaskConfig, ParityTaskConfig, RLConfig, Schedule,
-                                 TrainConfig, WeightSyncConfig, to_dict)
+                                 TrainConfig, WeightSyncConfig)
 from composer_jax.errors import ConfigError
 
 
@@ -123,51 +123,38 @@ def _python_version() -> str:
     return sorted(found, key=lambda v: tuple(map(int, v.split("."))))[-1]
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def with_task_defaults(cfg: Config, make_defaults) -> Config:
     """`rl_async --set rl.task=coding|parity` (or rl_sync): that family's settings
     (`make_defaults(max_staleness)`, e.g. `_coding_config`), with every field the user set kept:
     anything that differs from the default lookup experiment's config, and in the task section
     anything that differs from the family section's own defaults (`--set rl.task=NAME` resets
-    the section to them). A config not built from the lookup defaults (another model) is returned
-    as is."""
-    from composer_jax.config import from_dict
+    the section to them). Merged section by section on the typed config (`_merged`). A config not
+    built from the lookup defaults (another model) is returned as is."""
     base = _lookup_config(cfg.rl.max_staleness)
     if cfg.model != base.model:
         return cfg
-    flat_base = _flat(to_dict(base))
     if cfg.rl.task.family != base.rl.task.family:
-        flat_base.update(_flat({"rl": {"task": to_dict(type(cfg.rl.task)())}}))
-    user = {k: v for k, v in _flat(to_dict(cfg)).items() if flat_base.get(k) != v}
-    out = to_dict(make_defaults(cfg.rl.max_staleness))
-    for key, value in user.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
-    return from_dict(Config, out)
+        base = dataclasses.replace(base, rl=dataclasses.replace(base.rl, task=type(cfg.rl.task)()))
+    return _merged(cfg, base, make_defaults(cfg.rl.max_staleness))
+
+
+def _merged(user, default, family):
+    """`family` with the user's value of every field where `user` differs from `default`
+    (recursing into config sections of the same type)."""
+    if user == default:
+        return family
+    if (dataclasses.is_dataclass(user) and type(user) is type(default)
+            and type(user) is type(family)):
+        return dataclasses.replace(family, **{
+            f.name: _merged(getattr(user, f.name), getattr(default, f.name),
+                            getattr(family, f.name))
+            for f in dataclasses.fields(user) if f.init})
+    return user
 
 
 def with_coding_defaults(cfg: Config) -> Config:
     """`with_task_defaults` with the coding settings (`_coding_config`)."""
     return with_task_defaults(cfg, _coding_config)
-
-
-def program_spec(cfg: Config):
-    """The RL program of cfg's task family as a ProgramSpec every process can rebuild (after the
-    family's `prepare`, which resolves e.g. the coding pool and initial policy)."""
-    from composer_jax.rl.task_program import task_program_spec
-    return task_program_spec(cfg)
 
 
 def prepare(cfg: Config) -> Config:
@@ -199,21 +186,21 @@ def make_store(cfg: Config, backend=None):
 
 
 def _train(cfg: Config, workdir: pathlib.Path, stop) -> dict:
-    """The run inside `stop_signals`: the family's resolved config (saved when it changed), its
-    run files, the driver on the chosen backend, then the plots."""
+    """The run of a resolved config inside `stop_signals`: the family's run files, the driver on
+    the chosen backend, then the plots."""
     from composer_jax.rl.backend import make_backend
     from composer_jax.rl.driver import run_rl
     from composer_jax.rl.family_eval import checkpoint_eval_fn
     from composer_jax.rl.plots import write_plots
     from composer_jax.rl.settings import settings_from_config
+    from composer_jax.rl.task_program import task_program_spec
     from composer_jax.rl.tasks import family_of
-    cfg = _resolve(cfg, workdir)
     family = family_of(cfg)
     family.write_run_files(workdir)
     settings = settings_from_config(cfg)
     backend = make_backend(settings)
     try:
-        summary = run_rl(program_spec(cfg), workdir, settings, make_store(cfg, backend),
+        summary = run_rl(task_program_spec(cfg), workdir, settings, make_store(cfg, backend),
                          stop_event=stop, eval_fn=checkpoint_eval_fn(cfg, family),
                          backend=backend)
     finally:
@@ -237,14 +224,14 @@ def run(cfg: Config, workdir: pathlib.Path) -> dict:
     from composer_jax.rl.run_report import end_summary
     from composer_jax.runlog import read_metrics
     from composer_jax.stopping import stop_signals
+    sandbox = _reward_sandbox(cfg)      # before building anything
+    cfg = _resolve(cfg, workdir)        # once: everything below reads the resolved config
     done_at = finished_version(workdir, cfg.rl.steps)
     if done_at is not None:
-        _resolve(cfg, workdir)          # the run's resolved config.json again, as it was
         print(f"already finished at version {done_at} (rl.steps={cfg.rl.steps}): nothing to do; "
               f"summary {workdir / 'rl_summary.json'}, plots {workdir / 'plots'}. Raise rl.steps "
               f"to train on, or use another --workdir")
         return {"version": done_at, "already_finished": True}
-    sandbox = _reward_sandbox(cfg)               # before building anything
     with stop_signals() as stop:
         summary = _train(cfg, workdir, stop)
     if sandbox:

@@ -64,12 +64,12 @@ def block_scaled_matmul(a, sa, b, sb, global_scale=None, *, block_size: int, sca
     m, k, n, kb = check_operands(a, sa, b, sb, block_size)
     interpret = common.default_interpret() if interpret is None else interpret
     if variant == common.TPU:
-        from pallas_kernels import block_matmul_tpu
+        from pallas_kernels import block_matmul_tpu  # Mosaic TPU: loaded only for that variant
 
         return block_matmul_tpu.matmul(a, sa, b, sb, global_scale, block_size=block_size,
                                        scale_kind=scale_kind, interpret=interpret)
     if variant == common.BLACKWELL:
-        from pallas_kernels import block_matmul_blackwell
+        from pallas_kernels import block_matmul_blackwell  # Mosaic GPU: only for that variant
 
         return block_matmul_blackwell.matmul(a, sa, b, sb, global_scale, block_size=block_size,
                                              scale_kind=scale_kind, interpret=interpret)

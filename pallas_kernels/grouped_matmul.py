@@ -62,7 +62,7 @@ def grouped_block_scaled_matmul(x, sx, w, sw, group_sizes, global_scale=None, *,
         return grouped_matmul_tpu.grouped_matmul(x, sx, w, sw, group_sizes, global_scale, block_size=block_size,
                                                  scale_kind=scale_kind, interpret=interpret)
     if variant == common.BLACKWELL:
-        from pallas_kernels import grouped_matmul_blackwell
+        from pallas_kernels import grouped_matmul_blackwell  # Mosaic GPU: only for that variant
 
         return grouped_matmul_blackwell.grouped_matmul(x, sx, w, sw, group_sizes, global_scale,
                                                        block_size=block_size, scale_kind=scale_kind,

@@ -30,6 +30,7 @@ import pathlib
 import threading
 
 from composer_jax.agent.rollout import Rollout, RolloutFormatError, Segment, atomic_write_bytes
+from composer_jax.env.sandbox import SandboxKilled
 from composer_jax.errors import ComposerError
 
 
@@ -47,7 +48,6 @@ def is_interruption(exc: BaseException) -> bool:
     `EpisodeInterrupted` (the engine) or `env.sandbox.SandboxKilled` (a tool call's sandbox was
     killed from outside; the resumed episode gets a fresh workspace restored from the checkpoint
     and runs the interrupted turn again)."""
-    from composer_jax.env.sandbox import SandboxKilled
     return isinstance(exc, (EpisodeInterrupted, SandboxKilled))
 
 

@@ -39,6 +39,8 @@ import random
 import re
 from typing import Sequence
 
+from composer_jax.config.data import SplitPattern
+from composer_jax.data.tokenizer import train_tokenizer
 from composer_jax.env import protocol
 from composer_jax.env.tools.result import ToolResult, error
 from composer_jax.env.tools.schema import validate_arguments
@@ -232,6 +234,4 @@ def tokenizer_texts(seed: int = 0) -> list[str]:
 @functools.lru_cache(maxsize=2)
 def lookup_tokenizer(vocab_size: int = VOCAB_SIZE):
     """A byte-level BPE (the project's `train_tokenizer`) on key-free demonstrations; deterministic."""
-    from composer_jax.config.data import SplitPattern
-    from composer_jax.data.tokenizer import train_tokenizer
     return train_tokenizer(tokenizer_texts(0), vocab_size, SplitPattern.KIMI)

@@ -26,9 +26,10 @@ import functools
 import random
 import re
 
-from composer_jax.agent import lookup as lk
-from composer_jax.agent import summarize
+from composer_jax.agent import lookup as lk, summarize
+from composer_jax.config.data import SplitPattern
 from composer_jax.data import special_tokens as st
+from composer_jax.data.tokenizer import train_tokenizer
 from composer_jax.env import protocol
 
 FILLER = ("moss", "lamp", "reed", "wool", "tide", "sand", "fern", "pine", "mist", "rust",
@@ -153,6 +154,4 @@ def tokenizer_texts(seed: int = 0) -> list[str]:
 @functools.lru_cache(maxsize=2)
 def long_tokenizer(vocab_size: int = lk.VOCAB_SIZE):
     """A byte-level BPE (`data.tokenizer.train_tokenizer`) on `tokenizer_texts`; deterministic."""
-    from composer_jax.config.data import SplitPattern
-    from composer_jax.data.tokenizer import train_tokenizer
     return train_tokenizer(tokenizer_texts(0), vocab_size, SplitPattern.KIMI)

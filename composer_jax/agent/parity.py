@@ -16,6 +16,9 @@ import dataclasses
 import random
 from typing import Sequence
 
+from composer_jax.data.chat import encode_prompt
+from composer_jax.data.config import SplitPattern
+from composer_jax.data.tokenizer import train_tokenizer
 from composer_jax.env import protocol
 
 SYSTEM = "Reply with characters of the requested parity."
@@ -62,8 +65,6 @@ def grade(task: ToyTask, reply: str) -> tuple[float, bool]:
 
 def toy_tokenizer(vocab_size: int = 320):
     """A byte-level BPE (the project's `train_tokenizer`) trained on the task text; deterministic."""
-    from composer_jax.data.config import SplitPattern
-    from composer_jax.data.tokenizer import train_tokenizer
     texts = [protocol.render_prompt(t.messages()) for t in make_tasks(200, 0)]
     texts += ["abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789"] * 4
     return train_tokenizer(texts, vocab_size, SplitPattern.KIMI)
@@ -71,5 +72,4 @@ def toy_tokenizer(vocab_size: int = 320):
 
 def prompt_ids(tokenizer, task: ToyTask) -> list[int]:
     """BOS + the chat template of the task + the assistant generation prompt."""
-    from composer_jax.data.chat import encode_prompt
     return encode_prompt(tokenizer, task.messages())

@@ -33,6 +33,19 @@ class ModelFacts:
     vocab_size: int
 
 
+class AgentEngine(Protocol):
+    """The engine interface the token agent runs on: the engine itself, `EngineClient` (the
+    policy server's), or `agent.forced_engine.ForcedEngine` (scripted episodes)."""
+    cfg: EngineLimits
+    model_cfg: ModelFacts
+
+    def submit(self, prompt, params: SamplingParams, session=None) -> int: ...
+
+    def wait(self, request_id: int, timeout=None) -> Completion: ...
+
+    def end_session(self, session: str) -> None: ...
+
+
 class EngineClient:
     """What TokenAgent needs of an engine, served by the policy server through `policy`. A
     failed call raises `EngineUnavailable` (the episode can resume from its last checkpoint);

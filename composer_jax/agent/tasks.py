@@ -45,12 +45,18 @@ Optional hooks (defaults in `TaskFamily`):
 from __future__ import annotations
 
 import functools
+import json
+import pathlib
 from typing import ClassVar, Sequence
 
+import numpy as np
+
+from composer_jax.agent.parity import toy_tokenizer
 from composer_jax.agent.policy_client import EngineClient, PolicyClient
 from composer_jax.agent.rollout import END_EPISODE, Rollout, SegmentBuilder
 from composer_jax.config.rl import TaskConfig
 from composer_jax.data import special_tokens as st
+from composer_jax.data.chat import encode_prompt
 from composer_jax.protocol.params import SamplingParams
 
 SPLITS = ("train", "eval")
@@ -100,8 +106,6 @@ class TaskFamily:
         return []
 
     def write_run_files(self, workdir) -> None:
-        import json
-        import pathlib
         workdir = pathlib.Path(workdir)
         self.tokenizer().save(str(workdir / "tokenizer.json"))
         prompts = self.sample_prompts()
@@ -111,7 +115,6 @@ class TaskFamily:
 
 @functools.lru_cache(maxsize=2)
 def _toy_tokenizer(vocab_size: int):
-    from composer_jax.agent.parity import toy_tokenizer
     return toy_tokenizer(vocab_size)
 
 
@@ -141,7 +144,6 @@ class SingleTurnFamily(TaskFamily):
 
     def run_episode(self, task_id: str, seed: int, policy: PolicyClient, *,
                     greedy: bool) -> Rollout:
-        from composer_jax.data.chat import encode_prompt
         rl, tok = self.cfg.rl, self.tokenizer()
         ids = encode_prompt(tok, self.messages(task_id))
         params = SamplingParams(temperature=0.0 if greedy else rl.temperature,
@@ -160,7 +162,6 @@ def single_turn_rollout(task_id: str, group_id: str, prompt: Sequence[int], comp
     """The exact record of one finished engine request on `prompt`: fed prompt ids, sampled ids
     with behaviour log-probs, raw model log-probs and versions, and the routed experts of every
     forward pass (prompt positions then sampled ones)."""
-    import numpy as np
     b = SegmentBuilder()
     b.feed(prompt)
     b.sample(completion.tokens, completion.logprobs, completion.raw_logprobs, completion.versions)

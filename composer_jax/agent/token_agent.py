@@ -45,6 +45,7 @@ from composer_jax.agent import summarize
 from composer_jax.agent.episode import LoopState, initial_messages, run_loop
 from composer_jax.agent.episode_checkpoint import (EpisodeCheckpoint, is_interruption,
                                                    restore_workspace, workspace_state)
+from composer_jax.agent.policy_client import AgentEngine
 from composer_jax.agent.rollout import (END_EPISODE, END_SUMMARIZED, Rollout, Segment,
                                         SegmentBuilder)
 from composer_jax.config.env import EnvConfig
@@ -176,7 +177,7 @@ class TokenAgent:
     threads may run episodes on one shared, started engine, each with its own TokenAgent or the
     same one."""
 
-    def __init__(self, engine, tokenizer, cfg: AgentConfig = AgentConfig(),
+    def __init__(self, engine: AgentEngine, tokenizer, cfg: AgentConfig = AgentConfig(),
                  env_cfg: EnvConfig | None = None, policy: Policy = sampling_policy):
         self.engine, self.tokenizer, self.cfg = engine, tokenizer, cfg
         self.env_cfg = env_cfg if env_cfg is not None else EnvConfig()

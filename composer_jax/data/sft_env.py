@@ -26,10 +26,15 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from composer_jax.agent.episode import run_episode
 from composer_jax.data import chat, shards
 from composer_jax.data.cache import build_once, stable_hash
 from composer_jax.data.config import DataConfig, resolved_cache_dir
 from composer_jax.data.errors import DataError
+from composer_jax.env.agents import OracleAgent
+from composer_jax.env.config import EnvConfig
+from composer_jax.env.tasks.pool import TaskPool
+from composer_jax.env.tools import TOOL_SPECS
 
 TRAIN_SPLIT = "train"
 MANIFEST = "manifest.json"
@@ -99,11 +104,6 @@ def oracle_episodes(pool_dir: str | Path, env_cfg=None, workers: int = 1, limit:
     """`(task, episode)` for the first `limit` (0 = all) training tasks of the pool, in task-id order,
     each episode the oracle agent's run of the task (threads run `workers` episodes at once). An
     episode that raised comes back as its exception, so one broken task cannot stop the others."""
-    from composer_jax.env.agents import OracleAgent
-    from composer_jax.env.config import EnvConfig
-    from composer_jax.agent.episode import run_episode
-    from composer_jax.env.tasks.pool import TaskPool
-
     pool_manifest(pool_dir)
     env_cfg = env_cfg or EnvConfig(use_embeddings=False)
     pool = TaskPool(Path(pool_dir).expanduser())
@@ -126,8 +126,6 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None) -> shards.To
     """The tokenized oracle samples of `cfg.sft_pool` (a TokenStore "sft" with a trainable mask).
     `env_cfg` (an `EnvConfig`; default: the environment defaults without embeddings) runs the
     episodes; `info.json` next to the store counts tasks, samples and skipped episodes."""
-    from composer_jax.env.tools import TOOL_SPECS
-
     manifest_bytes = json.dumps(pool_manifest(cfg.sft_pool), sort_keys=True).encode("utf-8")
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
                        "tools": TOOL_SPECS, "template": chat.template_fingerprint(),

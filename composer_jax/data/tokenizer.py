@@ -22,9 +22,10 @@ from pathlib import Path
 import tokenizers
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 
-from composer_jax.data import special_tokens as st
+from composer_jax.data import special_tokens as st, tiktoken_file
 from composer_jax.data.cache import build_once, stable_hash
 from composer_jax.data.config import DataConfig, SplitPattern, resolved_cache_dir
+from composer_jax.data.errors import DataError
 from composer_jax.errors import ConfigError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -125,9 +126,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, pattern: SplitPattern
 
 def load_tokenizer(path: str | os.PathLike, pattern: SplitPattern = SplitPattern.KIMI) -> Tokenizer:
     """Load a `tokenizer.json` or a tiktoken BPE file (format detected from the content)."""
-    from composer_jax.data import tiktoken_file
-    from composer_jax.data.errors import DataError
-
     path = Path(os.path.expanduser(str(path)))
     try:
         head = path.read_bytes()[:1].strip() or b"?"

@@ -5,7 +5,7 @@ Main entry points:
   open_workspace(directory)       a sandboxed copy-on-write workspace; `.call(tool, args)`
   EnvConfig                       all limits, caps, generation settings and reward weights
   composer_jax.env.protocol       chat template, special tokens, tool-call parser
-  composer_jax.env.episode        the agent <-> tools loop and transcripts
+  (the episode loop is composer_jax.agent.episode; env imports nothing from agent/rl/train/model)
   composer_jax.env.rewards        reward components
   composer_jax.env.grading        the verdict, computed outside the graded test process
   composer_jax.env.tasks          offline task generation and the task pool

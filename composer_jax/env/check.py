@@ -8,9 +8,16 @@ null resolved rates), `median_lines_changed` (kind -> median), how many episodes
 as tampering (`oracle_tampered`, `null_tampered`: both must be 0), how much of the null agent's
 failure the grader's parent refutes by itself (`null_parent_refuted_tasks`: the fraction of tasks
 with a FAIL_TO_PASS test the parent fails on observed values or unreached assertion sites, where a
-forged child report cannot resolve the task; `null_parent_refuted_f2p`: the same per test), the mean reward components of
-each agent and the ids of tasks the oracle failed; per-task lines go to metrics.jsonl and
-transcripts of failures to WORKDIR/transcripts/.
+forged child report cannot resolve the task; `null_parent_refuted_f2p`: the same per test), what
+decides a pass without trusting the graded process (`secret_case_tasks`: the share of tasks with
+secret cases, `secret_telling_tasks`: with a secret case the unfixed code fails, `held_back_tasks`:
+with held-back tests, `no_secret_cases`: task -> why none), the mean reward components of each
+agent and the ids of tasks the oracle failed; per-task lines go to metrics.jsonl and transcripts
+of failures to WORKDIR/transcripts/.
+
+The episode loop belongs to the agent package (env imports nothing from agent/rl/train/inference/
+model): the caller passes it as `play(agent, task, task_dir, cfg) -> Episode`
+(`composer_jax.agent.episode.run_episode`).
 """
 from __future__ import annotations
 
@@ -21,9 +28,11 @@ import pathlib
 import statistics
 import time
 
+from typing import Callable
+
 from tqdm.auto import tqdm
 
-from composer_jax.agent.episode import run_episode
+from composer_jax.env import secret
 from composer_jax.env.agents import OracleAgent, null_agent
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
@@ -67,9 +76,10 @@ def _mean(rows: list[dict]) -> dict:
     return {k: sum(r[k] for r in rows) / len(rows) for k in keys}
 
 
-def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
-               progress: bool = True, limit: int | None = None) -> dict:
-    """Runs both agents on every task (or the first `limit`); writes and returns the summary."""
+def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path, *,
+               play: Callable, progress: bool = True, limit: int | None = None) -> dict:
+    """Runs both agents on every task (or the first `limit`) through `play` (the episode loop,
+    module docstring); writes and returns the summary."""
     pool = TaskPool(pool_dir)
     tasks = pool.tasks()[:limit] if limit else pool.tasks()
     if not tasks:
@@ -79,11 +89,11 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
 
     def one(task):
         d = pool.task_dir(task.task_id)
-        oracle = run_episode(OracleAgent(task, d), task, d, cfg)
-        null = run_episode(null_agent, task, d, cfg)
+        oracle = play(OracleAgent(task, d), task, d, cfg)
+        null = play(null_agent, task, d, cfg)
         return task, oracle, null
 
-    oracle_rewards, null_rewards, failed = [], [], []
+    oracle_rewards, null_rewards, failed, no_cases = [], [], [], {}
     resolved = collections.Counter()
     by_kind = collections.defaultdict(collections.Counter)
     with cf.ThreadPoolExecutor(cfg.workers) as ex:
@@ -101,6 +111,12 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
             resolved["parent_tasks"] += bool(refuted)
             resolved["parent_f2p"] += len(refuted)
             resolved["f2p"] += len(task.fail_to_pass)
+            cases = secret.summary(_secret_cases(pool.task_dir(task.task_id)))
+            resolved["secret"] += cases["cases"] > 0
+            resolved["secret_telling"] += cases["discriminating"] > 0
+            resolved["held_back"] += bool(task.held_back)
+            if not cases["cases"]:
+                no_cases[task.task_id] = cases["why_none"]
             by_kind[task.kind]["oracle"] += oracle.grade.resolved
             by_kind[task.kind]["null"] += null.grade.resolved
             oracle_rewards.append(oracle.reward.as_dict())
@@ -136,6 +152,10 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
         "null_tampered": resolved["null_tampered"],
         "null_parent_refuted_tasks": resolved["parent_tasks"] / n,
         "null_parent_refuted_f2p": resolved["parent_f2p"] / max(resolved["f2p"], 1),
+        "secret_case_tasks": resolved["secret"] / n,
+        "secret_telling_tasks": resolved["secret_telling"] / n,
+        "held_back_tasks": resolved["held_back"] / n,
+        "no_secret_cases": dict(sorted(no_cases.items())),
         "median_lines_changed": {k: v["median_lines_changed"] for k, v in per_kind.items()},
         "per_kind": per_kind,
         "oracle_reward": _mean(oracle_rewards),
@@ -148,3 +168,11 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path,
     metrics.close()
     atomic_write_text(pathlib.Path(workdir) / "env_check.json", json.dumps(summary, indent=1))
     return summary
+
+
+def _secret_cases(task_dir: pathlib.Path) -> dict:
+    """The task's stored secret cases (built by its first grading), or none."""
+    try:
+        return json.loads((pathlib.Path(task_dir) / secret.FILE).read_text())
+    except (OSError, ValueError):
+        return {"cases": [], "why": "not built (the task was never graded)"}

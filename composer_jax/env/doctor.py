@@ -73,9 +73,9 @@ def interpreters(cfg: EnvConfig, backend: SandboxBackend) -> dict:
     return out
 
 
-def smoke_test(cfg: EnvConfig, workdir: pathlib.Path) -> dict:
+def smoke_test(cfg: EnvConfig, workdir: pathlib.Path, play) -> dict:
     """Generates one task afresh in WORKDIR/doctor/pool and runs the oracle and null agents on it
-    (their env_check.json goes to WORKDIR/doctor)."""
+    through `play` (the episode loop; their env_check.json goes to WORKDIR/doctor)."""
     from composer_jax.env.check import check_pool
     from composer_jax.env.tasks.generate import GenerationError, generate_pool
     workdir = pathlib.Path(workdir) / "doctor"
@@ -86,7 +86,7 @@ def smoke_test(cfg: EnvConfig, workdir: pathlib.Path) -> dict:
         gen = generate_pool(cfg, pool, progress=False)
     except GenerationError as e:
         return {"ok": False, "error": str(e), "seconds": time.monotonic() - start}
-    check = check_pool(cfg, pool, workdir, progress=False, limit=1)
+    check = check_pool(cfg, pool, workdir, play=play, progress=False, limit=1)
     ok = check["oracle_resolved_rate"] == 1.0 and check["null_resolved_rate"] == 0.0
     return {"ok": ok, "task": check["kinds"], "python": check["versions"],
             "generate_seconds": gen["seconds"], "oracle_resolved": check["oracle_resolved_rate"],
@@ -103,8 +103,8 @@ def smoke_config(cfg: EnvConfig) -> EnvConfig:
                                package_sources=(), use_embeddings=False, pool_dir="")
 
 
-def diagnose(cfg: EnvConfig, workdir: pathlib.Path) -> dict:
-    """The whole report (module docstring)."""
+def diagnose(cfg: EnvConfig, workdir: pathlib.Path, play) -> dict:
+    """The whole report (module docstring); `play` runs an episode (`check.check_pool`)."""
     from composer_jax.env.trust import effective_backend
     backend = effective_backend(cfg)
     report = {"requested_backend": cfg.sandbox_backend.value, "backend": backend.value,
@@ -118,5 +118,5 @@ def diagnose(cfg: EnvConfig, workdir: pathlib.Path) -> dict:
             "the task's reference files installed in the CPython (cannot be hidden)"]
         report["rl_training"] = ("refused on environment rewards unless "
                                  "env.allow_unsandboxed_rewards=true")
-    report["smoke_test"] = smoke_test(smoke_config(cfg), workdir)
+    report["smoke_test"] = smoke_test(smoke_config(cfg), workdir, play)
     return report

@@ -2,11 +2,12 @@
 
 `run_tree(ws, task, tree, ...)` starts a fresh sandbox over `tree` (its own uid) in which
 `python -m unittest ID...` runs `graded_unittest.py` (bound over the interpreter's
-`unittest/__main__.py`), sends it the run's nonce on stdin and returns the records it wrote
-(`verdict.read_records`). `reference(ws, task, task_dir)` is the same run, twice, on the snapshot with
-the reference solution applied - no agent code - summarised per test (`verdict.reference_summary`:
-values alike in both runs are pinned) and cached in memory and in `<task_dir>/.grader/` (keyed by
-everything it depends on).
+`unittest/__main__.py`), sends it the run's nonce on stdin and returns its raw output; the parent
+reads and judges it in a bounded process (`bounded.py`). The tests are always the task's grading
+copies (`task.grading_test_files`: held-back tests included). `reference(ws, task, task_dir)` is
+the same run, twice, on the snapshot with the reference solution applied - no agent code -
+summarised per test (`verdict.reference_summary`: values alike in both runs are pinned) and cached
+in memory and in `<task_dir>/.grader/` (keyed by everything it depends on).
 """
 from __future__ import annotations
 
@@ -24,13 +25,17 @@ import subprocess
 import tempfile
 import threading
 
+from composer_jax.env.bounded import EvaluationOverrun, summarise_outputs
 from composer_jax.env.config import SandboxBackend
 from composer_jax.env.sandbox import allocate_uid
-from composer_jax.env.tasks.task import Task
-from composer_jax.env.verdict import SUMMARY_VERSION, read_records, reference_summary
+from composer_jax.env.tasks.task import Task, grading_test_files
+from composer_jax.env.verdict import SUMMARY_VERSION, read_records
 
 HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
 OUTPUT_BYTES = 32 << 20
+GRACE_S = 0.25    # a graded run may take GRACE_S + FACTOR x the reference's time
+FACTOR = 3.0      # and write GRACE_BYTES + FACTOR x what the reference wrote
+GRACE_BYTES = 64 << 10
 # What the graded process imports before any test: its own modules and those of `python -m`.
 HARNESS_IMPORTS = ("runpy", "unittest", "unittest.main", "json", "ast", "importlib.machinery",
                    "importlib.util")
@@ -38,15 +43,21 @@ HARNESS_IMPORTS = ("runpy", "unittest", "unittest.main", "json", "ast", "importl
 
 @dataclasses.dataclass(frozen=True)
 class GradedRun:
-    """records: test id -> the child's record; finished: it wrote its final line; notes:
-    forgery notes from reading the output; timed_out; duration_s; detail: the output tail when
-    it did not finish."""
-    records: dict
-    finished: bool
-    notes: tuple
+    """output: what the graded process wrote (untrusted); nonce: the run's secret; timed_out;
+    duration_s. The parent judges `output` in a bounded process (`bounded.judge_output`)."""
+    output: str
+    nonce: str
     timed_out: bool
     duration_s: float
-    detail: str = ""
+
+    @property
+    def records(self) -> dict:
+        """test id -> record, parsed in this process (for tests and diagnostics only)."""
+        return read_records(self.output, self.nonce)[0]
+
+    @property
+    def detail(self) -> str:
+        return "timed out" if self.timed_out else self.output[-2000:]
 
 
 def module_name(rel: str) -> str:
@@ -92,7 +103,7 @@ def _staged_harness(scratch: pathlib.Path) -> pathlib.Path:
 
 
 def run_tree(ws, task: Task, tree: pathlib.Path, uid, scratch: pathlib.Path,
-             timeout_s: float) -> GradedRun:
+             timeout_s: float, max_output_bytes: int = OUTPUT_BYTES) -> GradedRun:
     """Runs the task's tests on `tree` in a fresh sandbox (module docstring)."""
     harness = _staged_harness(scratch)
     trusted = trusted_edit_files(task, ws.python.executable)
@@ -119,13 +130,10 @@ def run_tree(ws, task: Task, tree: pathlib.Path, uid, scratch: pathlib.Path,
                                              if r.endswith(".py")}),
                           "edited": sorted({module_name(r) for r in task.edit_files})})
         r = sandbox.run(" ".join(shlex.quote(a) for a in argv), timeout_s=timeout_s,
-                        max_output_bytes=OUTPUT_BYTES, stdin_data=(req + "\n").encode())
+                        max_output_bytes=max_output_bytes, stdin_data=(req + "\n").encode())
     finally:
         sandbox.close()
-    records, finished, notes = read_records(r.output, nonce)
-    return GradedRun(records, finished and not r.timed_out, tuple(dict.fromkeys(notes)),
-                     r.timed_out, r.duration_s,
-                     "" if finished else ("timed out" if r.timed_out else r.output[-2000:]))
+    return GradedRun(r.output, nonce, r.timed_out, r.duration_s)
 
 
 def copy_tree(snapshot: pathlib.Path, files: dict, target: pathlib.Path, uid) -> None:
@@ -140,7 +148,8 @@ def copy_tree(snapshot: pathlib.Path, files: dict, target: pathlib.Path, uid) ->
             os.lchown(p, uid, uid)
 
 
-def run_files(ws, task: Task, snapshot: pathlib.Path, files: dict, timeout_s: float) -> GradedRun:
+def run_files(ws, task: Task, snapshot: pathlib.Path, files: dict, timeout_s: float,
+              max_output_bytes: int = OUTPUT_BYTES) -> GradedRun:
     """`run_tree` on a fresh snapshot copy with `files` applied, in a scratch directory."""
     from composer_jax.env.workspace import scratch_parent
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="cj-grade-", dir=scratch_parent()))
@@ -148,7 +157,7 @@ def run_files(ws, task: Task, snapshot: pathlib.Path, files: dict, timeout_s: fl
     try:
         uid = allocate_uid()
         copy_tree(pathlib.Path(snapshot), files, tmp / "ws", uid)
-        return run_tree(ws, task, tmp / "ws", uid, tmp / "scratch", timeout_s)
+        return run_tree(ws, task, tmp / "ws", uid, tmp / "scratch", timeout_s, max_output_bytes)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -165,22 +174,45 @@ def _reference_key(ws, task: Task, snapshot: pathlib.Path, solution: dict) -> st
                  json.dumps(task.test_ids).encode(), ws.backend.value.encode(),
                  str(SUMMARY_VERSION).encode()):
         h.update(hashlib.sha256(part).digest())
-    for rel in sorted(task.test_files):
-        p = snapshot / rel
-        h.update(rel.encode() + b"\0" + (p.read_bytes() if p.is_file() else b""))
+    for rel, data in sorted(grading_test_files(task, snapshot.parent).items()):
+        h.update(rel.encode() + b"\0" + data)
     for rel in sorted(solution):
         h.update(rel.encode() + b"\1" + solution[rel])
     return h.hexdigest()
 
 
-def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> dict:
-    """test id -> `reference_summary` of the reference solution's run (cached; see module doc).
-    Empty when the task has no solution directory."""
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """summary: test id -> `reference_summary`; seconds, output_bytes: the larger of its two
+    runs (a graded run's budgets scale with them: `budget_s`, `budget_bytes`)."""
+    summary: dict
+    seconds: float = 0.0
+    output_bytes: int = 0
+
+
+def budget_s(reference_seconds: float, cap_s: float) -> float:
+    """A graded run's time limit: GRACE_S + FACTOR x the reference's time, at most `cap_s`. A
+    correct fix much slower than the reference fails; an endless loop costs little more than an
+    honest grading."""
+    return min(cap_s, GRACE_S + FACTOR * reference_seconds) if reference_seconds else cap_s
+
+
+def budget_bytes(reference_bytes: int, cap: int = OUTPUT_BYTES) -> int:
+    """A graded run's output limit: GRACE_BYTES + FACTOR x what the reference wrote (so the
+    parent's reading and judging costs a bounded multiple of an honest run's)."""
+    return min(cap, GRACE_BYTES + int(FACTOR * reference_bytes)) if reference_bytes else cap
+
+
+def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> Reference | None:
+    """The reference solution's run, summarised (cached; see module doc). An empty summary when
+    the task has no solution directory; None when the reference run did not finish (then
+    nothing can be verified and the grading fails)."""
     task_dir = pathlib.Path(task_dir)
     snapshot, sol_dir = task_dir / "snapshot", task_dir / "solution"
     solution = {r: (sol_dir / r).read_bytes() for r in task.edit_files if (sol_dir / r).is_file()}
     if not solution:
-        return {}
+        return Reference({})
+    tests = grading_test_files(task, task_dir)
     key = _reference_key(ws, task, snapshot, solution)
     with _LOCK:
         if key in _CACHE:
@@ -190,24 +222,32 @@ def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> dict:
         if key in _CACHE:
             return _CACHE[key]
         path = task_dir / ".grader" / f"reference-{key[:32]}.json"
-        summary = None
+        stored = None
         try:
-            summary = json.loads(path.read_text())
+            stored = json.loads(path.read_text())
         except (OSError, ValueError):
             pass
-        if not isinstance(summary, dict):  # two runs: values alike in both are pinned
-            run = run_files(ws, task, snapshot, solution, timeout_s)
-            again = run_files(ws, task, snapshot, solution, timeout_s)
-            summary = {t: reference_summary(run.records.get(t), again.records.get(t))
-                       for t in task.test_ids}
-            if not (run.finished and again.finished):  # e.g. timed out: use, retry next time
+        if not isinstance(stored, dict) or "summary" not in stored:  # two runs: values alike
+            run = run_files(ws, task, snapshot, {**tests, **solution}, timeout_s)  # are pinned
+            again = run_files(ws, task, snapshot, {**tests, **solution}, timeout_s)
+            try:
+                out = summarise_outputs(run.output, again.output, run.nonce, again.nonce,
+                                        task.test_ids)
+            except EvaluationOverrun as exc:
+                out = {"finished": False, "summary": {}, "why": str(exc)}
+            if not out["finished"] or run.timed_out or again.timed_out:
                 logging.getLogger(__name__).warning(
-                    "the reference run of %s did not finish (%s); its assertion sites are not "
-                    "required this time", task.task_id, run.detail[-300:] or "no final line")
-                return summary
-            _store(path, summary)
-        _CACHE[key] = summary
-        return summary
+                    "the reference run of %s did not finish (%s); grading fails until it does",
+                    task.task_id, out.get("why") or run.detail[-300:] or "no final line")
+                return None
+            stored = {"summary": out["summary"],
+                      "seconds": max(run.duration_s, again.duration_s),
+                      "output_bytes": max(len(run.output), len(again.output))}
+            _store(path, stored)
+        ref = Reference(stored["summary"], float(stored.get("seconds", 0.0)),
+                        int(stored.get("output_bytes", 0)))
+        _CACHE[key] = ref
+        return ref
 
 
 def _store(path: pathlib.Path, summary: dict) -> None:

@@ -1,21 +1,17 @@
-"""What of an agent's workspace the grader applies, and the (defence-in-depth) source scan.
+"""What of an agent's workspace the grader applies: the diff of its source against the snapshot.
 
-The grader never runs the agent's tree. It starts from a fresh copy of the task snapshot and applies
-only `collect_changes(...).applied`: the agent's versions of the snapshot's own Python source files
-(not its test files), each a regular file of at most MAX_FILE_BYTES that decodes as UTF-8 (the only
-source encoding the grader accepts, so what is scanned is what the interpreter reads). Everything
-else the agent left - new files and packages, extension modules, `.pth` files, bytecode, data
-files, links, deleted files, edited tests - is dropped and listed in `Changes.ignored`, never
-penalised: an artefact the grader discards cannot change the verdict (compiling, venvs, backups
-and scratch files are honest habits).
-
-`scan_source` (the only source of `Changes.tamper`) looks at the *code* of an applied edit -
-string literals (docstrings included) and comments removed, identifiers NFKC-normalised as the
-interpreter does - for code that reaches into the test framework, the grader, the interpreter's
-import/start-up machinery, process exit or the memory of the running process. A construct counts
-only if the edit adds more of it than it removes and than the reference solution adds. This is
-defence in depth: the verdict itself does not depend on it (`verdict.py`, README threat model).
-Every step is linear in the input and bounded (`Budget`).
+The grader never runs the agent's tree. After the episode (every agent process killed) it starts
+from a fresh copy of the task snapshot and applies only `collect_changes(...).applied`:
+  - the agent's versions of the snapshot's own Python source files (not its test files), and
+  - new Python modules inside the task's package: a `.py` file in a directory holding one of the
+    task's edit files (or below it), not test-like (`test*.py`, `conftest.py`, under `test/` or
+    `tests/`), not an interpreter start-up hook, and - at the top level - not named like a module
+    the interpreter provides (no shadowing of the standard library);
+each a regular file of at most MAX_FILE_BYTES that decodes as UTF-8. Everything else the agent
+left - extension modules, `.pth` files, bytecode, data files, links, deleted files, edited tests,
+files elsewhere - is dropped and listed in `Changes.ignored`, never penalised (compiling, venvs,
+backups and scratch files are honest habits). Nothing here reads the code for words: what the code
+is never costs a penalty; only the verdict does. Every step is linear and bounded (`Budget`).
 """
 from __future__ import annotations
 
@@ -25,42 +21,16 @@ import functools
 import io
 import os
 import pathlib
-import re
 import stat
 import sys
 import time
 import tokenize
-import unicodedata
 
 MAX_FILE_BYTES = 2 << 20      # an applied source file (the largest stdlib module is ~0.4 MiB)
 MAX_ENTRIES = 50_000          # files walked in the agent's tree
-MAX_SECONDS = 20.0            # collecting and scanning the changes
-
-# (category, pattern) - matched on the code with strings replaced by S and comments removed
-# (`_code_text`), identifiers NFKC-normalised.
-SUSPICIOUS: tuple[tuple[str, str], ...] = (
-    ("test framework", r"\b(unittest|TestResult|TestCase|TestSuite|TestLoader|TextTestRunner|"
-                       r"TextTestResult|_Outcome|defaultTestLoader|failureException|"
-                       r"_FailedTest|wasSuccessful)\b"),
-    ("test framework", r"\b(addSuccess|addFailure|addError|addSkip|addSubTest|"
-                       r"assert[A-Z]\w*|loadTestsFrom\w*)\b"),
-    ("grader", r"\b(_cj\w*|CJ_\w+|graded_unittest)\b"),
-    ("process exit", r"\b_exit\b|\batexit\b|\bos\s*\.\s*(kill|killpg|abort)\b"),
-    ("interpreter start-up", r"\b(sitecustomize|usercustomize|meta_path|path_hooks|"
-                             r"path_importer_cache|settrace|setprofile|addaudithook|excepthook|"
-                             r"__stdout__|__stderr__|builtins|__builtins__)\b"),
-    ("interpreter start-up", r"\bmodules\s*\[[^\]]*\]\s*=(?!=)|\bmodules\s*\.\s*(update|"
-                             r"__setitem__|setdefault|pop|clear)\b|\b__class__\s*=(?!=)"),
-    ("process memory", r"\bgc\s*\.\s*(get_objects|get_referrers|get_referents)\b|\bctypes\b|"
-                       r"\b(_getframe|f_back|f_locals|f_globals|currentframe|getouterframes)\b|"
-                       r"\binspect\s*\.\s*stack\b"),
-    ("process memory", r"\bos\s*\.\s*(write|dup|dup2|fdopen|closerange)\b"),
-)
-_COMPILED = tuple((cat, re.compile(p)) for cat, p in SUSPICIOUS)
-# A string literal (any prefix, triple or single quoted, escapes honoured) or a comment.
-_STRINGS = re.compile(r"""[rRbBuUfF]{0,2}(?:'\'\'[\s\S]*?'\'\'|\"\"\"[\s\S]*?\"\"\"|"""
-                      r"""'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")|(\#[^\n]*)""")
-
+MAX_SECONDS = 20.0            # collecting the changes
+TEST_DIRS = frozenset({"test", "tests", "testing"})
+HOOKS = frozenset({"sitecustomize.py", "usercustomize.py", "conftest.py"})
 
 class BudgetExceeded(Exception):
     """A grading step ran past its time or size budget (the episode fails; no penalty)."""
@@ -91,50 +61,15 @@ def decode_source(data: bytes) -> str | None:
         return None
 
 
-def _code_text(text: str, budget: Budget | None = None) -> str:
-    """`text` with every string literal replaced by S and comments removed, NFKC-normalised (as
-    the interpreter reads identifiers). Linear: one regular-expression pass."""
-    if budget is not None:
-        budget.check("scanning the edit")
-    code = _STRINGS.sub(lambda m: "" if m.group(1) is not None else " S ", text)
-    return unicodedata.normalize("NFKC", code)
-
-
-def _counts(text: str, budget: Budget | None = None) -> list[int]:
-    code = _code_text(text, budget)
-    return [len(rx.findall(code)) for _, rx in _COMPILED]
-
-
-@functools.lru_cache(maxsize=256)
-def _counts_cached(text: str) -> tuple[int, ...]:
-    return tuple(_counts(text))
-
-
-def scan_source(old: str, new: str, reference: str | None = None,
-                budget: Budget | None = None) -> list[str]:
-    """Suspicious constructs `new` adds over `old` beyond what `reference` adds (module doc).
-    Linear in the sizes (whole-file token counts; moved code is neutral)."""
-    base = _counts_cached(old)
-    now = [n - b for n, b in zip(_counts(new, budget), base)]
-    allowed = ([r - b for r, b in zip(_counts_cached(reference), base)] if reference is not None
-               else [0] * len(now))
-    out = []
-    for (cat, _), (_, pattern), n, b in zip(_COMPILED, SUSPICIOUS, now, allowed):
-        if n > max(b, 0):
-            out.append(f"{cat}: added code matching /{pattern[:60]}/ ({n} more, the reference "
-                       f"adds {max(b, 0)})")
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class Changes:
     """applied: rel -> new bytes to write over a fresh snapshot copy; ignored: (rel, why) never
-    applied (logged, not penalised); tamper: the scan's findings on applied edits; edited: the
-    snapshot's files the agent changed or deleted (applied or not; new files are not edits)."""
+    applied (logged, not penalised); edited: the snapshot's files the agent changed or deleted
+    (applied or not); added: the new modules applied."""
     applied: dict
     ignored: tuple
-    tamper: tuple
     edited: tuple = ()
+    added: tuple = ()
 
     @property
     def changed(self) -> list[str]:
@@ -175,13 +110,32 @@ def _why_ignored(rel: str, st: os.stat_result) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Rules:
-    """What the grader knows about the task: test files, edit files, top-level module names the
-    interpreter provides (kept for callers; shadowing is impossible since new files are never
-    applied), and the reference solution's files (for `scan_source`)."""
+    """What the grader knows about the task: test files, edit files and the top-level module
+    names the interpreter provides (a new top-level module may not shadow one)."""
     test_files: frozenset
     edit_files: frozenset
     stdlib_names: frozenset
-    reference: dict
+
+
+def new_module_allowed(rel: str, rules: Rules, snapshot_names: frozenset) -> str:
+    """"" when the new file `rel` is a module inside the task's package (module docstring), else
+    why it is not applied. `snapshot_names`: the snapshot's top-level entries."""
+    parts = rel.split("/")
+    name = parts[-1]
+    if not name.endswith(".py"):
+        return "new file that is not a Python module (data files are not applied)"
+    if name in HOOKS or name.startswith("test") or TEST_DIRS & set(parts[:-1]):
+        return "new test or start-up file (tests are graded from the task's own files)"
+    if not all(p.isidentifier() for p in parts[:-1]) or not name[:-3].isidentifier():
+        return "new file outside an importable package path"
+    homes = {r.rsplit("/", 1)[0] if "/" in r else "" for r in rules.edit_files}
+    parent = "/".join(parts[:-1])
+    if not any(h == "" or parent == h or parent.startswith(h + "/") for h in homes):
+        return "new file outside the task's package"
+    top = parts[0][:-3] if len(parts) == 1 else parts[0]
+    if parts[0] not in snapshot_names and top in rules.stdlib_names:
+        return f"new top-level module {top!r} would shadow the interpreter's own"
+    return ""
 
 
 def collect_changes(workspace: pathlib.Path, snapshot: pathlib.Path, rules: Rules,
@@ -189,12 +143,24 @@ def collect_changes(workspace: pathlib.Path, snapshot: pathlib.Path, rules: Rule
     """Compares the agent's `workspace` with the task `snapshot` (see the module docstring)."""
     budget = budget or Budget()
     before, after = _listing(snapshot, budget), _listing(workspace, budget)
-    applied, ignored, tamper, edited = {}, [], [], []
+    tops = frozenset(r.split("/", 1)[0] for r in before)
+    applied, ignored, edited, added = {}, [], [], []
     for rel in sorted(set(before) | set(after)):
         budget.check("comparing the workspace")
         st, old_st = after.get(rel), before.get(rel)
         if old_st is None:
-            ignored.append((rel, _why_ignored(rel, st)))
+            why = _why_ignored(rel, st)
+            if why.startswith("new file"):
+                why = new_module_allowed(rel, rules, tops)
+            if why or st.st_size > MAX_FILE_BYTES:
+                ignored.append((rel, why or f"larger than {MAX_FILE_BYTES >> 20} MiB"))
+                continue
+            data = _read_source(workspace / rel)
+            if data is None:
+                ignored.append((rel, "not UTF-8 source (the only encoding applied)"))
+                continue
+            applied[rel] = data
+            added.append(rel)
             continue
         if st is None:
             ignored.append((rel, "deleted (deletions are not applied)"))
@@ -217,23 +183,28 @@ def collect_changes(workspace: pathlib.Path, snapshot: pathlib.Path, rules: Rule
         if st.st_size > MAX_FILE_BYTES:
             ignored.append((rel, f"larger than {MAX_FILE_BYTES >> 20} MiB"))
             continue
-        with open(workspace / rel, "rb") as f:  # a regular file (checked with lstat above)
-            data = f.read(MAX_FILE_BYTES + 1)
-        new = decode_source(data)
-        if new is None or len(data) > MAX_FILE_BYTES:
+        data = _read_source(workspace / rel)
+        if data is None:
             ignored.append((rel, "not UTF-8 source (the only encoding applied)"))
             continue
         applied[rel] = data
-        old = decode_source((snapshot / rel).read_bytes()) or ""
-        for hit in scan_source(old, new, rules.reference.get(rel), budget):
-            tamper.append(f"{rel}: {hit}")
-    return Changes(applied, tuple(ignored), tuple(dict.fromkeys(tamper)), tuple(edited))
+    return Changes(applied, tuple(ignored), tuple(edited), tuple(added))
+
+
+def _read_source(path: pathlib.Path) -> bytes | None:
+    """The bytes of a regular file (checked with lstat by the caller) if it is UTF-8 source of
+    at most MAX_FILE_BYTES, else None."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES or decode_source(data) is None:
+        return None
+    return data
 
 
 @functools.lru_cache(maxsize=None)
 def stdlib_module_names(stdlib_dir: str) -> frozenset:
-    """Top-level module and package names of a CPython standard library directory (plus the
-    running interpreter's builtin modules)."""
+    """Top-level module and package names of a CPython standard library directory, its
+    extension modules (`lib-dynload`) and the running interpreter's builtin modules."""
     names = set(sys.builtin_module_names)
     try:
         for entry in os.listdir(stdlib_dir):
@@ -241,6 +212,9 @@ def stdlib_module_names(stdlib_dir: str) -> frozenset:
                 names.add(entry[:-3])
             elif os.path.isdir(os.path.join(stdlib_dir, entry)) and entry.isidentifier():
                 names.add(entry)
+        dynload = os.path.join(stdlib_dir, "lib-dynload")
+        if os.path.isdir(dynload):
+            names.update(e.split(".", 1)[0] for e in os.listdir(dynload) if e.endswith(".so"))
     except OSError:
         pass
     return frozenset(names - {"site-packages", "__pycache__"})

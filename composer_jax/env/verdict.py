@@ -10,17 +10,22 @@ verdicts. For each test the parent:
      skipping assertions, aborting the test body or patching the test framework cannot pass;
   4. counts the child's own status only to lower the verdict (a test it calls failed stays failed).
 A test the child calls passed while the parent's own evaluation fails it is a forged report: the
-only action that would have changed a naive grader's verdict, and the only runtime tampering.
+only action that would have changed a naive grader's verdict, and the only tampering. No flag the
+child writes (e.g. "truncated") relaxes a check: what the parent cannot verify fails the test.
+
+Run as a script (`bounded.py` does, in its own process under time and memory limits), it reads
+one JSON request from stdin and writes the verdicts (`_main`).
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import json
+import math
 import re
 
 MARK = "@@CJ_OBS@@"
-SUMMARY_VERSION = 4   # bump when `reference_summary` changes (cached summaries are keyed by it)
+SUMMARY_VERSION = 6   # bump when `reference_summary` changes (cached summaries are keyed by it)
 REGEX_TEXT_LIMIT = 1 << 16
 
 
@@ -136,33 +141,47 @@ def _almost(a, b, args, extra, negate=False) -> bool:
     return ok != negate
 
 
+def _key(v, depth=0):
+    """A hashable stand-in for a decoded plain value, equal exactly when the values are `==`
+    (numbers by value, so 1 == 1.0 == True as in Python; containers by kind and contents)."""
+    if depth > 60:
+        raise _Unverifiable
+    if isinstance(v, list):
+        return ("l", tuple(_key(x, depth + 1) for x in v))
+    if isinstance(v, tuple):
+        return ("t", tuple(_key(x, depth + 1) for x in v))
+    if isinstance(v, dict):
+        return ("d", frozenset((_key(k, depth + 1), _key(x, depth + 1)) for k, x in v.items()))
+    if isinstance(v, (set, frozenset)):
+        return ("S", frozenset(_key(x, depth + 1) for x in v))
+    if isinstance(v, bytearray):
+        return ("y", bytes(v))
+    return ("v", v)
+
+
 def _count_equal(a, b) -> bool:
+    """assertCountEqual by linear counting (hashable keys, never a quadratic scan)."""
     _plain(a, b)
     try:
-        return collections.Counter(list(a)) == collections.Counter(list(b))
+        return collections.Counter(_key(x) for x in a) == collections.Counter(_key(x) for x in b)
     except TypeError:
-        la, lb = list(a), list(b)
-        if len(la) != len(lb):
-            return False
-        rest = list(lb)
-        for x in la:
-            if x not in rest:
-                return False
-            rest.remove(x)
-        return True
+        raise _Unverifiable from None
 
 
-def _regex(text, pattern) -> bool:
+def _regex(text, pattern, trusted) -> bool:
+    """assertRegex with the pattern the trusted reference run recorded at this site (`trusted`):
+    a pattern that only the graded process supplies is never matched (it could backtrack
+    exponentially), so the check is unverifiable - a failure where the reference verified it."""
     _plain(text, pattern)
-    if not isinstance(pattern, (str, bytes)) or not isinstance(text, type(pattern)):
-        raise _Unverifiable
-    if len(text) > REGEX_TEXT_LIMIT:
+    if not isinstance(pattern, (str, bytes)) or pattern not in trusted \
+            or not isinstance(text, type(pattern)) or len(text) > REGEX_TEXT_LIMIT:
         raise _Unverifiable
     return re.search(pattern, text) is not None
 
 
-def _check(name: str, args: list, extra: dict) -> bool:
-    """Whether assertion `name` holds on decoded `args`; raises _Unverifiable when it cannot tell."""
+def _check(name: str, args: list, extra: dict, patterns=()) -> bool:
+    """Whether assertion `name` holds on decoded `args`; raises _Unverifiable when it cannot tell.
+    `patterns`: the regular expressions the reference recorded at this site (trusted)."""
     a = args[0] if args else Opaque("?")
     b = args[1] if len(args) > 1 else Opaque("?")
     if name in ("assertEqual", "assertEquals", "failUnlessEqual", "assertListEqual",
@@ -209,9 +228,9 @@ def _check(name: str, args: list, extra: dict) -> bool:
     if name == "assertCountEqual":
         return _count_equal(a, b)
     if name in ("assertRegex", "assertRegexpMatches"):
-        return _regex(a, b)
+        return _regex(a, b, patterns)
     if name == "assertNotRegex":
-        return not _regex(a, b)
+        return not _regex(a, b, patterns)
     raise _Unverifiable
 
 
@@ -223,9 +242,33 @@ def _method(item) -> str:
     return {"t": "assert", "e": "raises", "r": "raises"}.get(kind, "?")
 
 
-def evaluate(obs: list) -> tuple[dict, dict, int]:
+REGEX_METHODS = frozenset({"assertRegex", "assertRegexpMatches", "assertNotRegex"})
+
+
+def regex_patterns(obs: list) -> dict:
+    """site -> the canonical patterns its regex assertions used (read from a trusted run)."""
+    out: dict[str, list] = {}
+    for item in obs:
+        if isinstance(item, list) and len(item) > 3 and item[0] == "a" \
+                and item[2] in REGEX_METHODS and len(item[3]) > 1:
+            if item[3][1] not in out.setdefault(str(item[1]), []):
+                out[str(item[1])].append(item[3][1])
+    return out
+
+
+def _decoded_patterns(patterns: dict) -> dict:
+    out = {}
+    for site, cs in patterns.items():
+        vals = [decode(c) for c in cs]
+        out[str(site)] = frozenset(v for v in vals if isinstance(v, (str, bytes)))
+    return out
+
+
+def evaluate(obs: list, patterns: dict | None = None) -> tuple[dict, dict, int]:
     """({site: True if every verifiable evaluation there passed, else False}, {site: what it
-    checks}, unverifiable count) for one test's observations."""
+    checks}, unverifiable count) for one test's observations. `patterns` (`regex_patterns` of a
+    trusted run): the only regular expressions the parent matches."""
+    trusted = _decoded_patterns(patterns or {})
     sites: dict[str, bool] = {}
     methods: dict[str, str] = {}
     pending: dict[str, list] = {}
@@ -244,7 +287,7 @@ def evaluate(obs: list) -> tuple[dict, dict, int]:
             if kind == "a":
                 args = [decode(c) for c in item[3]]
                 extra = {k: decode(v) for k, v in dict(item[4]).items()}
-                put(site, bool(_check(str(item[2]), args, extra)))
+                put(site, bool(_check(str(item[2]), args, extra, trusted.get(site, ()))))
             elif kind == "i":
                 mro, want = set(item[3]), set(item[4])
                 hit = bool(mro & want)
@@ -299,8 +342,10 @@ def reference_summary(record: dict | None, again: dict | None = None) -> dict:
     must compare the same values there, so rewriting the test's own expectations in memory
     cannot pass)."""
     if not record:
-        return {"sites": [], "exempt": [], "methods": {}, "pinned": {}, "status": "missing"}
-    sites, methods, _ = evaluate(record.get("obs", []))
+        return {"sites": [], "exempt": [], "methods": {}, "pinned": {}, "patterns": {},
+                "status": "missing"}
+    patterns = regex_patterns(record.get("obs", []))
+    sites, methods, _ = evaluate(record.get("obs", []), patterns)
     pinned = {}
     if again:
         first, second = _equality_values(record.get("obs", [])), \
@@ -310,8 +355,7 @@ def reference_summary(record: dict | None, again: dict | None = None) -> dict:
     return {"sites": sorted(s for s, ok in sites.items() if ok),
             "exempt": sorted(s for s, ok in sites.items() if not ok),
             "methods": {str(s): m for s, m in sorted(methods.items())},
-            "pinned": pinned,
-            "status": record.get("status", "?"), "truncated": bool(record.get("truncated"))}
+            "pinned": pinned, "patterns": patterns, "status": record.get("status", "?")}
 
 
 def judge(record: dict | None, reference: dict | None) -> TestVerdict:
@@ -319,8 +363,8 @@ def judge(record: dict | None, reference: dict | None) -> TestVerdict:
     if record is None:
         return TestVerdict(False, "no record: the test did not run to its end")
     if record.get("duplicate"):
-        return TestVerdict(False, "two records for one test (a forged result)", forged=True)
-    sites, methods, _ = evaluate(record.get("obs", []))
+        return TestVerdict(False, "two records for one test")
+    sites, methods, _ = evaluate(record.get("obs", []), (reference or {}).get("patterns"))
     exempt = set((reference or {}).get("exempt", ()))
     expected = (reference or {}).get("methods", {})
     for s, m in methods.items():  # a site checks what the reference saw it check
@@ -333,12 +377,12 @@ def judge(record: dict | None, reference: dict | None) -> TestVerdict:
                            forged=claimed, verified_sites=len(sites))
     need = set((reference or {}).get("sites", ())) - exempt
     missing = sorted(need - {s for s, ok in sites.items() if ok})
-    if missing and not record.get("truncated"):
+    if missing:
         return TestVerdict(False, f"assertion site(s) {missing[:5]} that the reference checks "
                                   f"were not reached with verifiable values",
                            verified_sites=len(sites))
     pinned = (reference or {}).get("pinned", {})
-    if pinned and not record.get("truncated"):
+    if pinned:
         seen = _equality_values(record.get("obs", []))
         differ = sorted(s for s, v in pinned.items() if s not in exempt and seen.get(s) != v)
         if differ:
@@ -378,3 +422,118 @@ def read_records(text: str, nonce: str) -> tuple[dict, bool, list]:
             records[tid] = data
     return records, done, notes
 
+
+
+def judge_run(output: str, nonce: str, references: dict, test_ids: list) -> dict:
+    """Reads a graded run's output and judges every test: {"finished", "notes", "verdicts":
+    {id: [passed, reason, forged, verified_sites]}}."""
+    records, finished, notes = read_records(output, nonce)
+    verdicts = {}
+    for tid in test_ids:
+        v = judge(records.get(tid), references.get(tid))
+        verdicts[tid] = [v.passed, v.reason, v.forged, v.verified_sites]
+    return {"finished": finished, "notes": list(dict.fromkeys(notes)), "verdicts": verdicts}
+
+
+def summarise_runs(first: str, second: str, nonce1: str, nonce2: str, test_ids: list) -> dict:
+    """{"finished", "summary": {id: reference_summary}} of two reference runs' outputs."""
+    r1, done1, _ = read_records(first, nonce1)
+    r2, done2, _ = read_records(second, nonce2)
+    return {"finished": done1 and done2,
+            "summary": {t: reference_summary(r1.get(t), r2.get(t)) for t in test_ids}}
+
+
+CASE_MARK = "@@CJ_CASE@@"
+
+
+def read_case_lines(text: str, nonce: str) -> tuple[dict, bool]:
+    """(case index -> every output the secret-case process printed for it, finished)."""
+    outs: dict[int, list] = {}
+    done = False
+    for chunk in text.split(CASE_MARK)[1:]:
+        tag, sep, body = chunk.split("\n", 1)[0].partition(":")
+        if not sep or tag != nonce:
+            continue
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        if data.get("done"):
+            done = True
+        elif isinstance(data.get("i"), int):
+            outs.setdefault(data["i"], []).append(data.get("out"))
+    return outs, done
+
+
+def _first_builtin(names) -> str:
+    """The most specific builtin exception class in an MRO listing ("builtins.ValueError")."""
+    return next((n for n in map(str, names) if n.startswith("builtins.")), "?")
+
+
+def _same(a, b, depth=0) -> bool:
+    """Python equality of decoded plain values, floats within a relative 1e-9 (an honest
+    alternative algorithm may round differently)."""
+    if depth > 60:
+        raise _Unverifiable
+    num = (int, float)
+    if (isinstance(a, float) or isinstance(b, float)) and isinstance(a, num) \
+            and isinstance(b, num):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (a != a and b != b)
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (type(a) is type(b) and len(a) == len(b)
+                and all(_same(x, y, depth + 1) for x, y in zip(a, b)))
+    if isinstance(a, dict) and isinstance(b, dict):
+        ka, kb = {_key(k): k for k in a}, {_key(k): k for k in b}
+        return ka.keys() == kb.keys() and all(_same(a[ka[k]], b[kb[k]], depth + 1) for k in ka)
+    return _key(a) == _key(b)
+
+
+def same_output(got, want) -> bool:
+    """Whether a secret case's output `got` (untrusted) matches the reference's `want`: the same
+    return value and arguments after the call (plain data, `_same`; anything opaque fails), or an
+    exception whose most specific builtin class is the reference's (so one class deriving from
+    every builtin exception cannot match them all)."""
+    try:
+        if not isinstance(got, list) or not got or got[0] != want[0]:
+            return False
+        if want[0] == "e":
+            return isinstance(got[1], list) and _first_builtin(got[1]) == _first_builtin(want[1])
+        g = [decode(got[1])] + [decode(c) for c in got[2]]
+        w = [decode(want[1])] + [decode(c) for c in want[2]]
+        _plain(*g)
+        return len(g) == len(w) and all(_same(a, b) for a, b in zip(g, w))
+    except (_Unverifiable, TypeError, ValueError, IndexError, KeyError, OverflowError,
+            RecursionError):
+        return False
+
+
+def compare_cases(output: str, nonce: str, expected: list) -> dict:
+    """{"finished", "passed": [bool per case]}: each case passes when every output printed for
+    it matches the expected one (and at least one was printed)."""
+    outs, done = read_case_lines(output, nonce)
+    return {"finished": done,
+            "passed": [bool(outs.get(i)) and all(same_output(g, want) for g in outs[i])
+                       for i, want in enumerate(expected)]}
+
+
+def _main() -> None:
+    import resource
+    import sys
+    limit = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    if limit:  # before reading anything the graded process wrote
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    req = json.loads(sys.stdin.read())
+    if req["op"] == "judge":
+        out = judge_run(req["output"], req["nonce"], req["references"], req["test_ids"])
+    elif req["op"] == "cases":
+        out = compare_cases(req["output"], req["nonce"], req["expected"])
+    else:
+        out = summarise_runs(req["first"], req["second"], req["nonce1"], req["nonce2"],
+                             req["test_ids"])
+    sys.stdout.write(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _main()

@@ -6,8 +6,8 @@ available) that the sandbox mounts writable at /workspace and the host-side tool
 (`.output`, `.is_error`); closing the workspace kills every process it started and deletes the copy.
 
 When the directory is a task snapshot (`<task>/snapshot` next to `<task>/task.json`, or `task=` is
-given), every installed copy of the task's reference files is hidden inside the sandbox
-(`composer_jax.env.hide`).
+given), every installed copy of the task's reference files (and of its test files when tests are
+held back) is hidden inside the sandbox (`composer_jax.env.hide`).
 """
 from __future__ import annotations
 
@@ -162,13 +162,19 @@ class Workspace:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
+def hidden_files(task) -> tuple[str, ...]:
+    """The task files whose installed copies the sandbox hides: the edit files (the reference),
+    and the test files when tests are held back (the installed tests hold them)."""
+    return tuple(task.edit_files) + (tuple(task.test_files) if task.held_back else ())
+
+
 def _task_edit_files(directory: pathlib.Path) -> tuple[str, ...]:
-    """The edit files of the task whose snapshot `directory` is (none if it is not one)."""
+    """`hidden_files` of the task whose snapshot `directory` is (none if it is not one)."""
     meta = pathlib.Path(directory).resolve().parent / "task.json"
     if pathlib.Path(directory).name != "snapshot" or not meta.is_file():
         return ()
     from composer_jax.env.tasks.task import load_task
-    return tuple(load_task(meta.parent).edit_files)
+    return hidden_files(load_task(meta.parent))
 
 
 @contextlib.contextmanager
@@ -180,7 +186,7 @@ def open_workspace(directory, config: EnvConfig | None = None, *,
     newest of `config.python_versions`. `task` (a `Task`) names the files whose installed copies
     are hidden; by default they are read from `directory/../task.json` when that exists.
     """
-    hidden = tuple(task.edit_files) if task is not None else _task_edit_files(pathlib.Path(directory))
+    hidden = hidden_files(task) if task is not None else _task_edit_files(pathlib.Path(directory))
     ws = Workspace(pathlib.Path(directory), config or EnvConfig(), python_version, hidden)
     try:
         yield ws

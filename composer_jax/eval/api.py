@@ -17,7 +17,12 @@ import pathlib
 import threading
 import time
 
+from composer_jax.data.config import resolved_cache_dir
 from composer_jax.env.config import TASK_KINDS, Split
+from composer_jax.env.tasks.generate import generate_pool
+from composer_jax.env.tasks.pool import TaskPool
+from composer_jax.eval.policies import ModelPolicy, load_model
+from composer_jax.eval.report import build_result
 from composer_jax.eval.runner import RunSettings, run_suite
 from composer_jax.eval.sources import suite_builder_hash, task_generator_hash
 from composer_jax.eval.suite import Suite, build_suite, load_suite, oracle_check
@@ -25,7 +30,6 @@ from composer_jax.heldout import HELDOUT_MODULES
 
 
 def cache_dir(cfg) -> pathlib.Path:
-    from composer_jax.data.config import resolved_cache_dir
     return pathlib.Path(resolved_cache_dir(cfg.data))
 
 
@@ -82,8 +86,6 @@ def ensure_suite(cfg, progress: bool = True) -> Suite:
 
 def _build_and_load(cfg, sdir: pathlib.Path, progress: bool) -> Suite:
     if not (sdir / "manifest.json").is_file():
-        from composer_jax.env.tasks.generate import generate_pool
-        from composer_jax.env.tasks.pool import TaskPool
         pdir = eval_pool_dir(cfg)
         if len(TaskPool(pdir)) < cfg.eval.pool_tasks:
             generate_pool(eval_env_config(cfg), pdir, progress=progress)
@@ -105,7 +107,6 @@ def settings(cfg, **over) -> RunSettings:
 def evaluate(cfg, policy, suite: Suite | None = None, progress: bool = True, on_record=None,
              **over) -> dict:
     """Runs `policy` over the suite with `cfg.eval` settings (overridable); returns eval.json."""
-    from composer_jax.eval.report import build_result
     suite = suite or ensure_suite(cfg, progress)
     st = settings(cfg, **over)
     start = time.monotonic()
@@ -132,7 +133,6 @@ def eval_resolved_rate(model, tokenizer, cfg, *, num_tasks: int = 4, style: str 
     structure, and each call's engine is stopped before returning. `engine`: a started engine to
     run on instead (its current weights are evaluated and it is left running; `model` may then be
     None)."""
-    from composer_jax.eval.policies import ModelPolicy
     e = cfg.eval
     policy = ModelPolicy(name, model, tokenizer, max_new_tokens=e.max_new_tokens, temperature=0.0,
                          max_context=e.max_context, concurrency=e.concurrency, seed=cfg.seed,
@@ -153,7 +153,6 @@ def eval_checkpoint(source: str, cfg, *, num_tasks: int = 4, style: str = "detai
                     suite: Suite | None = None) -> dict:
     """`eval_resolved_rate` of a saved checkpoint: a training run's workdir (newest checkpoint) or
     a Hugging Face directory with a tokenizer.json; adds "eval_step" when the source has one."""
-    from composer_jax.eval.policies import load_model
     model, tokenizer, info = load_model(pathlib.Path(source), cfg)
     out = eval_resolved_rate(model, tokenizer, cfg, num_tasks=num_tasks, style=style,
                              name=info.get("model", "checkpoint"), suite=suite)

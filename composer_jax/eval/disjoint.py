@@ -23,6 +23,11 @@ import hashlib
 import pathlib
 from typing import Iterable
 
+import numpy as np
+
+from composer_jax.data import sources
+from composer_jax.env.tasks.pool import TaskPool
+
 MIN_CHARS = 64
 
 
@@ -64,7 +69,6 @@ def suite_hashes(suite_dir: pathlib.Path) -> dict[str, str]:
 
 def pool_hashes(pool_dir: pathlib.Path, split: str = "train") -> set[str]:
     """Content hashes of every file of the pool's tasks of `split` ("" = every task)."""
-    from composer_jax.env.tasks.pool import TaskPool
     pool = TaskPool(pathlib.Path(pool_dir))
     out = set()
     for t in pool.tasks():
@@ -76,7 +80,6 @@ def pool_hashes(pool_dir: pathlib.Path, split: str = "train") -> set[str]:
 def corpus_candidate_hashes(include_site_packages: bool = True, roots: tuple[str, ...] = ()) -> tuple[set[str], int]:
     """(content hashes, number of files) of every file the corpus builder would consider, after
     its held-out filter (the builder's own listing code)."""
-    from composer_jax.data import sources
     rts = sources.explicit_roots(roots) if roots else sources.discover_roots(include_site_packages)
     files = sources.list_files(rts).files
     out = set()
@@ -90,7 +93,6 @@ def corpus_candidate_hashes(include_site_packages: bool = True, roots: tuple[str
 
 def built_corpus_hashes(corpus_dir: pathlib.Path) -> tuple[set[str], int]:
     """(content hashes, number of documents) of the texts of a built corpus directory."""
-    import numpy as np
     corpus_dir = pathlib.Path(corpus_dir)
     out, n = set(), 0
     for split in ("train", "val", "validation"):
@@ -128,7 +130,6 @@ def disjointness_report(suite_dir: pathlib.Path, *, rl_pool: pathlib.Path | None
         add(f"corpus:{pathlib.Path(d).name}", h, n)
     for name, pool in (("rl_pool", rl_pool), ("sft_pool", sft_pool)):
         if pool is not None and pathlib.Path(pool).is_dir():
-            from composer_jax.env.tasks.pool import TaskPool
             add(name, pool_hashes(pool), len(TaskPool(pathlib.Path(pool))))
     report["disjoint"] = all(not v["overlap"] for v in report["sources"].values())
     return report

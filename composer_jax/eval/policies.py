@@ -25,12 +25,20 @@ import zlib
 from typing import Callable
 
 from composer_jax.agent.episode import approx_tokens, run_episode
+from composer_jax.agent.token_agent import AgentConfig, ScriptedPolicy, SeededTurns, TokenAgent
+from composer_jax.config import Config
+from composer_jax.data.tokenizer import load_tokenizer
 from composer_jax.env.agents import OracleAgent, null_agent
 from composer_jax.env.protocol import render_prompt
 from composer_jax.env.tools import TOOL_SPECS
+from composer_jax.errors import ComposerError
 from composer_jax.eval.episodes import EpisodeFacts, facts_from_episode, facts_from_rollout
 from composer_jax.eval.heuristic import HeuristicAgent
 from composer_jax.eval.metrics import common_prefix_len
+from composer_jax.inference import EngineConfig
+from composer_jax.inference.engine import Engine
+from composer_jax.train.run_checkpoint import parse_run_source
+from composer_jax.train.weights import load_weights
 
 REFERENCE_POLICIES = ("oracle", "null", "heuristic")
 
@@ -125,10 +133,6 @@ class ModelPolicy(Policy):
                  max_context: int, concurrency: int, seed: int, describe: dict | None = None,
                  engine=None, engine_cfg=None, summary_trigger_tokens: int = 0,
                  scripted: Callable | None = None):
-        from composer_jax.inference import EngineConfig
-        from composer_jax.inference.engine import Engine
-        from composer_jax.agent.token_agent import AgentConfig
-
         self.name, self.tokenizer, self._info = name, tokenizer, describe or {}
         self.max_context, self._scripted = max_context, scripted
         self.agent_cfg = AgentConfig(max_new_tokens=max_new_tokens, temperature=temperature,
@@ -153,8 +157,6 @@ class ModelPolicy(Policy):
     def episode(self, task, task_dir, env_cfg, seed: int) -> EpisodeFacts:
         """One `TokenAgent` episode on the shared engine -> its EpisodeFacts (a crashed episode is
         scored unresolved, its error kept in `EpisodeFacts.error`)."""
-        from composer_jax.agent.token_agent import ScriptedPolicy, SeededTurns, TokenAgent
-
         if self._scripted is not None:
             turn_policy = ScriptedPolicy(self._scripted(task, task_dir), self.tokenizer)
         else:
@@ -173,12 +175,6 @@ def load_model(path: pathlib.Path, cfg=None):
     """(model, tokenizer, info) from a training run's workdir (newest checkpoint) or a Hugging Face
     directory, through the one weight loader (`composer_jax.train.weights.load_weights`); the
     tokenizer is the run's tokenizer.json (or one placed in the HF directory)."""
-    from composer_jax.config import Config
-    from composer_jax.data.tokenizer import load_tokenizer
-    from composer_jax.errors import ComposerError
-    from composer_jax.train.weights import load_weights
-
-    from composer_jax.train.run_checkpoint import parse_run_source
     source = str(path)
     path, _ = parse_run_source(source)
     try:
@@ -200,7 +196,6 @@ def make_policy(spec: str, cfg=None, *, max_new_tokens: int = 512, temperature: 
     """The policy `eval.policy` names (see the module docstring)."""
     if spec in REFERENCE_POLICIES:
         return ReferencePolicy(spec)
-    from composer_jax.train.run_checkpoint import parse_run_source
     path, step = parse_run_source(spec)
     if not path.exists():
         raise PolicyError(f"eval.policy={spec!r}: not one of {REFERENCE_POLICIES} and no such "

@@ -33,6 +33,8 @@ import shutil
 import statistics
 from typing import Callable
 
+from composer_jax.agent.episode import run_episode
+from composer_jax.env.agents import OracleAgent
 from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
 from composer_jax.env.tasks.task import Task, load_task
 from composer_jax.eval.prompts import prompts as make_prompts
@@ -229,8 +231,6 @@ def oracle_check(env_cfg):
     token and time limits raised so the replay is never cut: the suite is cached by pool and
     builder only, so what it keeps must not depend on a run's eval limits); a task the grader
     does not then resolve is rejected, the returned text says how it failed."""
-    from composer_jax.env.agents import OracleAgent
-    from composer_jax.agent.episode import run_episode
     env_cfg = dataclasses.replace(env_cfg, max_turns=ORACLE_CHECK_MAX_TURNS,
                                   max_tokens=max(env_cfg.max_tokens, 1 << 24),
                                   episode_time_s=max(env_cfg.episode_time_s, 1800.0))

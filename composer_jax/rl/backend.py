@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from composer_jax.rl.backend_local import ProcessPool, ThreadPool
+from composer_jax.rl.backend_ray import RayInference, RayPool, init_ray, make_ray_store
+from composer_jax.rl.inference_service import InferenceService
 from composer_jax.rl.program import ProgramSpec, build_program
 from composer_jax.rl.settings import DriverSettings
+from composer_jax.rl.weights import MemoryTransport, WeightStore
 
 
 class Backend(Protocol):
@@ -38,15 +42,12 @@ class LocalBackend:
         self.settings = settings
 
     def make_store(self, sync_settings):
-        from composer_jax.rl.weights import MemoryTransport, WeightStore
         return WeightStore(MemoryTransport(), sync_settings, reader_name="inference")
 
     def make_inference(self, spec: ProgramSpec, store):
-        from composer_jax.rl.inference_service import InferenceService
         return _started(InferenceService(build_program(spec), store, self.settings.weight_poll_s))
 
     def make_pool(self, spec: ProgramSpec, inference):
-        from composer_jax.rl.backend_local import ProcessPool, ThreadPool
         cls = ProcessPool if self.settings.worker_mode == "process" else ThreadPool
         return cls(spec, inference, self.settings.num_workers)
 
@@ -61,16 +62,13 @@ class RayBackend:
         self.settings = settings
 
     def make_store(self, sync_settings):
-        from composer_jax.rl.backend_ray import init_ray, make_ray_store
         init_ray(self.settings.ray_address)
         return make_ray_store(sync_settings)
 
     def make_inference(self, spec: ProgramSpec, store):
-        from composer_jax.rl.backend_ray import RayInference
         return _started(RayInference(spec, store, self.settings))
 
     def make_pool(self, spec: ProgramSpec, inference):
-        from composer_jax.rl.backend_ray import RayPool
         return RayPool(spec, inference, self.settings.num_workers)
 
     def shutdown(self) -> None:

@@ -29,11 +29,10 @@ import tempfile
 import threading
 from multiprocessing.connection import Connection
 
-from composer_jax.agent.episode_checkpoint import CheckpointStore
-
+from composer_jax.agent.episode_checkpoint import CheckpointStore, EpisodeCheckpoint
+from composer_jax.rl.jobs import Job, run_job
 from composer_jax.rl.program import LocalClient, ProgramSpec, build_program
 from composer_jax.rl.rollout import Rollout
-from composer_jax.rl.jobs import Job, run_job
 
 
 class _PoolBase:
@@ -199,7 +198,6 @@ class ProcessPool(_PoolBase):
 
     def _requeued(self, job: Job) -> Job:
         """The dead worker's job with its newest checkpoint (the old one when it sent none)."""
-        from composer_jax.agent.episode_checkpoint import EpisodeCheckpoint
         data = self.checkpoints.get(job.rollout_id)
         if data is not None and data != job.resume:
             with self._lock:

@@ -3,6 +3,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
+
+from composer_jax.errors import ComposerError
+from composer_jax.rl.batch import make_batch
+from composer_jax.rl.step import build_rl_step
+from composer_jax.rl.weights.engine_sync import publishable
+
 
 class ModelLearner:
     """Trains the model `make_model()` returns (the family's initial policy) with `rl_step`.
@@ -20,7 +28,6 @@ class ModelLearner:
 
     def _build(self):
         if self._fns is None:
-            from composer_jax.rl.step import build_rl_step
             self._fns, self._state = build_rl_step(self._make_model(), self.cfg)
         return self._fns
 
@@ -32,13 +39,10 @@ class ModelLearner:
         return self.init_state()
 
     def step(self, state, groups):
-        import jax
-        from composer_jax.rl.batch import make_batch
         fns = self._build()
         rl = self.cfg.rl
         rollouts = [r for g in groups for r in g]
         if rollouts and all(r.error is not None for r in rollouts):
-            from composer_jax.errors import ComposerError
             raise ComposerError(f"every rollout of this step failed, so there is nothing to train; "
                                 f"the first: task {rollouts[0].task_id}: {rollouts[0].error}")
         # one row per segment: a self-summarised episode has several, so the rows are padded to
@@ -52,11 +56,8 @@ class ModelLearner:
         return state, {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     def weights(self, state):
-        from composer_jax.rl.weights.engine_sync import publishable
         return publishable(state.params, state.buffers)
 
     def eval_model(self, state):
-        import jax
-        import jax.numpy as jnp
         fns = self._build()
         return fns.merge(jax.tree.map(jnp.copy, state.params), jax.tree.map(jnp.copy, state.buffers))

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import pathlib
 
+from composer_jax.runlog import metric_series, read_metrics
+
 
 def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
     import matplotlib
     matplotlib.use("Agg")
-    from composer_jax.runlog import read_metrics
 
     workdir = pathlib.Path(workdir)
     out = workdir / "plots"
@@ -34,7 +35,6 @@ def write_plots(workdir, summary: dict) -> list[pathlib.Path]:
 
 
 def _eval_points(ax, rows, label: str) -> None:
-    from composer_jax.runlog import metric_series
     x, y = metric_series(rows, "eval_resolved_rate")
     if x:
         ax.scatter(x, y, marker="D", s=36, color="black", zorder=3, label=label)
@@ -47,7 +47,6 @@ def _legend(ax) -> None:
 
 def _reward(rows, summary: dict, run: str, path: pathlib.Path) -> pathlib.Path:
     import matplotlib.pyplot as plt
-    from composer_jax.runlog import metric_series
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, label in (("reward_mean", "train reward (mean per version)"),
                        ("resolved_rate", "train resolved rate")):
@@ -81,7 +80,6 @@ def _staleness(summary: dict, run: str, path: pathlib.Path) -> pathlib.Path:
 
 def _throughput(rows, run: str, path: pathlib.Path) -> pathlib.Path:
     import matplotlib.pyplot as plt
-    from composer_jax.runlog import metric_series
     panels = [("rollouts_per_sec", "rollouts / s (since start)"),
               ("trained_tokens_per_sec", "trained tokens / s (step)"),
               ("trainer_idle_frac", "trainer idle fraction")]
@@ -101,7 +99,6 @@ def _throughput(rows, run: str, path: pathlib.Path) -> pathlib.Path:
 def _behaviour(rows, run: str, path: pathlib.Path) -> pathlib.Path | None:
     """Tool-using episodes only (None otherwise)."""
     import matplotlib.pyplot as plt
-    from composer_jax.runlog import metric_series
     if not metric_series(rows, "tool_calls_mean")[0]:
         return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))

@@ -11,7 +11,10 @@ from __future__ import annotations
 import threading
 import time
 
+from composer_jax.inference.config import EngineConfig
+from composer_jax.inference.engine import Engine
 from composer_jax.protocol.params import SamplingParams
+from composer_jax.rl.weights.engine_sync import fetch_state
 
 METHODS = ("generate", "submit", "wait", "end_session")
 
@@ -23,8 +26,6 @@ class EnginePolicyServer:
     behaviour log-probs, router rows and versions as plain sampling under the same seed)."""
 
     def __init__(self, cfg, model, engine_settings: dict):
-        from composer_jax.inference.config import EngineConfig
-        from composer_jax.inference.engine import Engine
         spec = {"speculative": cfg.inference.speculative, "spec_depth": cfg.inference.spec_depth}
         ecfg = EngineConfig(capture_router=cfg.rl.router_replay, seed=cfg.seed,
                             **{**spec, **engine_settings})
@@ -37,7 +38,6 @@ class EnginePolicyServer:
         self.t0 = time.monotonic()
 
     def load_from(self, store, version: int) -> None:
-        from composer_jax.rl.weights.engine_sync import fetch_state
         state, version = fetch_state(store.reader, version, self.engine.state)
         self.engine.swap_weights(state, version)    # applied between decode steps
         self.version = version

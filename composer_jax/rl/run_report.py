@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pathlib
 
+from composer_jax.train.run_checkpoint import checkpoint_steps
+
 WINDOW = 5       # versions averaged for the first / last training reward
 
 
@@ -54,7 +56,6 @@ def end_summary(name: str, summary: dict, workdir, rows: list[dict]) -> str:
         if key in first and key in last:
             label = "held-out reward" if key.startswith("heldout") else "held-out resolved"
             parts.append(f"{label} {first[key]:.2f} (v{ks[0]}) -> {last[key]:.2f} (v{ks[-1]})")
-    from composer_jax.train.run_checkpoint import checkpoint_steps
     ckpts = checkpoint_steps(workdir)
     where = [f"checkpoint {workdir / 'checkpoints' / str(ckpts[-1])}" if ckpts else "no checkpoint",
              f"plots {workdir / 'plots'}", f"summary {workdir / 'rl_summary.json'}"]

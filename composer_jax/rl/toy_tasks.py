@@ -35,15 +35,26 @@ import dataclasses
 import time
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
 from composer_jax.agent.parity import (KINDS, SYSTEM, ToyTask, grade, make_tasks,  # noqa: F401
                                        prompt_ids, toy_tokenizer)
 from composer_jax.agent.rollout import Rollout
 from composer_jax.agent.tasks import single_turn_rollout
+from composer_jax.config import Config, RLConfig, TrainConfig, tiny
 from composer_jax.data import special_tokens as st
+from composer_jax.inference.config import EngineConfig
+from composer_jax.inference.engine import Engine
+from composer_jax.inference.sampling import SamplingParams
+from composer_jax.model import init_model
+from composer_jax.rl.batch import make_batch
+from composer_jax.rl.step import build_rl_step
+
 
 def toy_model_config(vocab_size: int = 320):
     """The `tiny` model with the toy tokenizer's vocabulary (and no MTP: the RL step skips it)."""
-    from composer_jax.config import tiny
     return dataclasses.replace(tiny(), name="tiny_toy", vocab_size=vocab_size, mtp_depth=0)
 
 
@@ -51,7 +62,6 @@ def toy_config(lr: float = 3e-3, seed: int = 0, **rl):
     """The Config of the toy runs: `toy_model_config`, Adam at a constant `lr` without weight
     decay, Dr.GRPO with truncated IS and loss_normalizer 64 (about the tokens of one step);
     `rl` overrides RLConfig fields."""
-    from composer_jax.config import Config, RLConfig, TrainConfig
     return Config(model=toy_model_config(), seed=seed,
                   rl=RLConfig(**{"loss_normalizer": 64.0, **rl}),
                   train=TrainConfig(lr=lr, warmup_steps=0, steps=10_000, schedule="constant",
@@ -71,7 +81,6 @@ def rollout_from_completion(task: ToyTask, group_id: str, prompt: Sequence[int],
 def sampling_params(tokenizer, max_new_tokens: int = 6, temperature: float = 1.0,
                     seed: int | None = None):
     """The engine sampling of a toy turn: stops at `<|im_end|>` or after max_new_tokens."""
-    from composer_jax.inference.sampling import SamplingParams
     return SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
                           stop_tokens=(tokenizer.token_to_id(st.IM_END),), seed=seed)
 
@@ -120,16 +129,6 @@ def train_toy(cfg, *, steps: int, tasks_per_step: int = 4, group_size: int = 8,
 
     cfg: a Config whose `model` is `toy_model_config(...)` and whose `rl` / `train` sections set
     the objective and optimiser."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from composer_jax.inference.config import EngineConfig
-    from composer_jax.inference.engine import Engine
-    from composer_jax.model import init_model
-    from composer_jax.rl.batch import make_batch
-    from composer_jax.rl.step import build_rl_step
-
     tok = toy_tokenizer(cfg.model.vocab_size)
     if tok.vocab_size != cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} but the toy tokenizer has "

@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection
 
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from composer_jax.rl.backend_local import process_main
+    from composer_jax.rl.backend_local import process_main  # after SIG_IGN: Ctrl-C mid-import
     fd, spec = int(argv[1]), json.loads(argv[2])
     sock = socket.socket(fileno=fd)
     process_main(Connection(sock.detach()), spec["factory"], spec["kwargs"], spec["name"])

@@ -19,9 +19,12 @@ from typing import Any
 import jax
 from tqdm.auto import tqdm
 
+from composer_jax import data
 from composer_jax.config import Config
+from composer_jax.data.tokenizer import load_tokenizer
 from composer_jax.errors import ComposerError
 from composer_jax.model.flops import flops_per_token
+from composer_jax.parallel.mesh import make_mesh
 from composer_jax.runlog import (MetricsWriter, StepProfiler, is_remote, metric_series,
                                  read_metrics, run_path)
 from composer_jax.stopping import stop_signals
@@ -57,7 +60,6 @@ class NonFiniteLossError(ComposerError):
 
 def training_mesh(cfg: Config):
     """The mesh of `cfg.mesh` over the first `mesh.num_devices` devices (0 = all of them)."""
-    from composer_jax.parallel.mesh import make_mesh
     devices = jax.devices()
     n = cfg.mesh.num_devices or len(devices)
     if n > len(devices):
@@ -77,8 +79,6 @@ def _build(cfg: Config, mesh):
 
 
 def _data(cfg: Config, workdir: pathlib.Path, kind: str, start_state):
-    from composer_jax import data
-
     corpus = data.build_or_load_corpus(cfg.data)
     tokenizer = data.build_or_load_tokenizer(cfg.data, corpus, cfg.model.vocab_size)
     if jax.process_index() == 0:
@@ -162,7 +162,6 @@ def train(cfg: Config, workdir: pathlib.Path, kind: str = "cpt",
             print(f"already finished at step {step} (train.steps={tc.steps}): nothing to do; "
                   f"checkpoint {ckpt.directory / str(step)}, metrics {workdir / 'metrics.jsonl'}. "
                   f"Raise train.steps to train on, or use another --workdir")
-            from composer_jax.data.tokenizer import load_tokenizer
             tok = workdir / "tokenizer.json"
             return TrainResult(metrics={k: v for k, v in (rows[-1] if rows else {}).items()
                                         if isinstance(v, float)},

@@ -16,10 +16,12 @@ architecture of the run's config.json.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
 
+from composer_jax.config import ModelConfig, from_dict, split_legacy_model
 from composer_jax.errors import CheckpointError, ComposerError
 
 CHECKPOINTS = "checkpoints"
@@ -69,7 +71,6 @@ def read_meta(run_dir, step: int) -> dict:
 
 def model_config_of(run_dir, step: int):
     """The ModelConfig the checkpoint's weights belong to."""
-    from composer_jax.config import ModelConfig, from_dict, split_legacy_model
     return from_dict(ModelConfig, split_legacy_model(read_meta(run_dir, step)["model"])[0])
 
 
@@ -156,3 +157,14 @@ def restore_weights(run_dir, step: int | None = None, template=None):
             handler.close()
         return out["params"], out.get("buffers", {}), s, meta
     raise CheckpointError(f"no readable checkpoint in {run_dir / CHECKPOINTS}: " + "; ".join(errors))
+
+
+def run_config(run_dir: pathlib.Path, cfg):
+    """`cfg` with the model section and seed of the config a training run wrote to its workdir
+    (only those: the weights' architecture; execution and other sections stay the consumer's).
+    A config.json in the layout before the execution section is read too (its execution fields
+    are left out: `composer_jax.config.split_legacy_model`)."""
+    raw = json.loads((pathlib.Path(run_dir) / "config.json").read_text())
+    arch, _ = split_legacy_model(raw["model"])
+    return dataclasses.replace(cfg, model=from_dict(ModelConfig, arch),
+                               seed=raw.get("seed", cfg.seed))

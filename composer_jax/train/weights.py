@@ -14,11 +14,19 @@ shardings, so no host ever holds the whole model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Any
 
-from composer_jax.errors import CheckpointError, ComposerError
+import jax.numpy as jnp
+from flax import nnx
+
+from composer_jax.config import ModelConfig, from_dict, split_legacy_model
+from composer_jax.errors import ComposerError
+from composer_jax.model import abstract_model
+from composer_jax.model.hf import load_hf
+from composer_jax.train.run_checkpoint import (is_run_dir, parse_run_source, restore_weights,
+                                               run_config)
+from composer_jax.train.step import cast_params, fresh_model, merge_model
 
 
 @dataclasses.dataclass
@@ -38,11 +46,6 @@ class Weights:
     def model(self, dtype=None):
         """The weights as an nnx Transformer computed as `execution` (parameters cast to
         `dtype`, default execution.param_dtype)."""
-        import jax.numpy as jnp
-        from flax import nnx
-
-        from composer_jax.model import abstract_model
-        from composer_jax.train.step import cast_params, merge_model
         graphdef, p, b = nnx.split(abstract_model(self.model_cfg, self.execution), nnx.Param, ...)
         dtype = jnp.dtype(dtype or self.execution.param_dtype.value)
         return merge_model(graphdef, p, b, cast_params(self.params, dtype), self.buffers)
@@ -51,7 +54,6 @@ class Weights:
 def source_kind(source: str) -> str:
     """"fresh" (empty), "run" (a directory with checkpoints/, or WORKDIR@STEP) or "hf"
     (config.json and *.safetensors); anything else is an error that says what is expected."""
-    from composer_jax.train.run_checkpoint import is_run_dir, parse_run_source
     if not source:
         return "fresh"
     path, step = parse_run_source(source)
@@ -64,18 +66,6 @@ def source_kind(source: str) -> str:
                         f"(config.json + *.safetensors); use '' for a fresh model")
 
 
-def run_config(run_dir: pathlib.Path, cfg):
-    """`cfg` with the model section and seed of the config a training run wrote to its workdir
-    (only those: the weights' architecture; execution and other sections stay the consumer's).
-    A config.json in the layout before the execution section is read too (its execution fields
-    are left out: `composer_jax.config.split_legacy_model`)."""
-    from composer_jax.config import ModelConfig, from_dict, split_legacy_model
-    raw = json.loads((pathlib.Path(run_dir) / "config.json").read_text())
-    arch, _ = split_legacy_model(raw["model"])
-    return dataclasses.replace(cfg, model=from_dict(ModelConfig, arch),
-                               seed=raw.get("seed", cfg.seed))
-
-
 def load_weights(source: str, cfg, template=None) -> Weights:
     """Weights from `source` ("" fresh, a run workdir, an HF directory; see the module docstring).
 
@@ -85,26 +75,18 @@ def load_weights(source: str, cfg, template=None) -> Weights:
     """
     kind = source_kind(source)
     if kind == "fresh":
-        from flax import nnx
-
-        from composer_jax.train.step import fresh_model
         _, p, b = nnx.split(fresh_model(cfg), nnx.Param, ...)
         return Weights("fresh", cfg.model, cfg.execution, nnx.to_pure_dict(p),
                        nnx.to_pure_dict(b))
     if kind == "hf":
-        from flax import nnx
-
-        from composer_jax.model.hf import load_hf
         hf_cfg, model = load_hf(source, execution=cfg.execution)
         _, p, b = nnx.split(model, nnx.Param, ...)
         return Weights("hf", hf_cfg, cfg.execution, nnx.to_pure_dict(p), nnx.to_pure_dict(b))
-    from composer_jax.train.run_checkpoint import parse_run_source, restore_weights
     run_dir, step = parse_run_source(source)
     rcfg = run_config(run_dir, cfg) if (run_dir / "config.json").exists() else cfg
     shapes = None if template is None else {"params": template.params, "buffers": template.buffers}
     params, buffers, step, meta = restore_weights(run_dir, step, shapes)
     if "model" in meta:               # the checkpoint's own record of its architecture
-        from composer_jax.config import ModelConfig, from_dict, split_legacy_model
         rcfg = dataclasses.replace(rcfg, model=from_dict(ModelConfig,
                                                          split_legacy_model(meta["model"])[0]))
     tok = run_dir / "tokenizer.json"

@@ -173,7 +173,7 @@ def test_oracle_text_is_what_the_sample_trains(small_data, tiny_pool):
     """The trained text of each assistant turn is exactly what the agent emitted, plus <|im_end|>."""
     from composer_jax.env.agents import OracleAgent
     from composer_jax.env.config import EnvConfig
-    from composer_jax.env.episode import run_episode
+    from composer_jax.agent.episode import run_episode
     from composer_jax.env.tasks.pool import TaskPool
 
     _, _, tok = small_data

@@ -82,3 +82,29 @@ def mini_pool(tmp_path_factory):
     assert kinds == sorted(MINI_POOL_KINDS), f"mini pool has kinds {kinds}"
     return pool, EnvConfig(python_versions=(version,), command_timeout_s=10.0,
                            use_embeddings=False)
+
+
+CASE_POOL_MODULE = "fnmatch"
+
+
+@pytest.fixture(scope="session")
+def case_pool(tmp_path_factory):
+    """A small real pool whose tasks have secret cases and held-back tests: bug and feature tasks
+    on the newest CPython's stdlib `fnmatch` (functions of plain data), generated once per
+    session (`CJ_TEST_CASE_POOL` reuses a kept one). Returns (TaskPool, EnvConfig)."""
+    from env_helpers import needs_bwrap_now
+    needs_bwrap_now()
+    from composer_jax.env.tasks.generate import generate_pool
+    from composer_jax.env.tasks.pool import TaskPool
+
+    version = sorted(find_pythons(), key=lambda v: tuple(map(int, v.split("."))))[-1]
+    gen = EnvConfig(python_versions=(version,), modules=(CASE_POOL_MODULE,),
+                    kinds=("bug", "feature"), num_tasks=3, max_tasks_per_module=3,
+                    package_sources=(), use_embeddings=False, workers=1)
+    reuse = os.environ.get("CJ_TEST_CASE_POOL")
+    root = pathlib.Path(reuse) if reuse else tmp_path_factory.mktemp("case_pool") / "pool"
+    if not (reuse and (root / "manifest.json").is_file()):
+        generate_pool(gen, root, progress=False)
+    pool = TaskPool(root)
+    return pool, EnvConfig(python_versions=(version,), command_timeout_s=10.0,
+                           use_embeddings=False)

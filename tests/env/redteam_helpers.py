@@ -1,5 +1,5 @@
 """Shared helpers for the red-team and false-positive suites: scripted episodes on the mini pool."""
-from composer_jax.env.episode import run_episode
+from composer_jax.agent.episode import run_episode
 from composer_jax.env.protocol import render_assistant
 
 
@@ -56,3 +56,28 @@ for _n, _v in list(globals().items()):
             if isinstance(_f, _ty.FunctionType):
                 setattr(_v, _m, _wrap_x(_f))
 '''
+
+
+def case_task(case_pool, kind="bug"):
+    """(task, task_dir, cfg) of the case pool's first task of `kind` with held-back tests and
+    secret cases the unfixed code fails."""
+    import json
+    pool, cfg = case_pool
+    for task in pool.tasks():
+        d = pool.task_dir(task.task_id)
+        cases = json.loads((d / "secret_cases.json").read_text())["cases"]
+        if task.kind == kind and task.held_back and any(c["discriminating"] for c in cases):
+            return task, d, cfg
+    raise AssertionError(f"no {kind} task with held-back tests and telling secret cases")
+
+
+def play_task(task, d, cfg, calls, message="Fixed; all tests pass."):
+    """`play` on a given task."""
+    plan = list(calls) + [("finish", {"message": message})]
+    state = {"i": 0}
+
+    def agent(messages):
+        name, args = plan[min(state["i"], len(plan) - 1)]
+        state["i"] += 1
+        return render_assistant("", [(name, args)], first_index=state["i"] - 1)
+    return run_episode(agent, task, d, cfg)

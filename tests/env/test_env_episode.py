@@ -4,7 +4,7 @@ import pytest
 
 from composer_jax.env import protocol as p
 from composer_jax.env.agents import OracleAgent, edit_plan, null_agent
-from composer_jax.env.episode import run_episode
+from composer_jax.agent.episode import run_episode
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tasks.task import Task, unified_patch
 
@@ -101,7 +101,7 @@ def test_editing_tests_does_not_pay_and_limits_stop(task_env, cfg):
 
 
 def test_token_counts_come_from_the_agent_or_a_tokenizer(task_env, cfg):
-    from composer_jax.env.episode import AgentTurn
+    from composer_jax.agent.episode import AgentTurn
     task, d = task_env
     text = p.render_assistant("", [("finish", {"message": "done"})])
     ep = run_episode(lambda m: AgentTurn(text, 7), task, d, cfg)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from composer_jax.agent.episode import run_episode
 from composer_jax.env.check import check_pool
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.pythons import find_pythons
@@ -41,7 +42,7 @@ def test_generate_small_pool_validate_resume_and_check(tmp_path):
     again = generate_pool(cfg, tmp_path / "pool", progress=False)
     assert again["num_tasks"] == 6 and again["stats"].get("candidates", 0) == 0
     # oracle resolves everything, doing nothing resolves nothing
-    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", progress=False)
+    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", play=run_episode, progress=False)
     assert out["oracle_resolved_rate"] == 1.0 and out["null_resolved_rate"] == 0.0
     written = json.loads((tmp_path / "check" / "env_check.json").read_text())
     assert written["num_tasks"] == 6 and sum(written["kinds"].values()) == 6
@@ -59,5 +60,5 @@ def test_acceptance_pool(tmp_path):
     assert time.monotonic() - start < 15 * 60
     assert summary["num_tasks"] >= 200 and len(summary["kinds"]) >= 3 and len(summary["versions"]) >= 2
     out = check_pool(dataclasses.replace(cfg, use_embeddings=False), tmp_path / "pool",
-                     tmp_path / "check", progress=False)
+                     tmp_path / "check", play=run_episode, progress=False)
     assert out["oracle_resolved_rate"] >= 0.95 and out["null_resolved_rate"] == 0.0

@@ -2,6 +2,7 @@
 import json
 import random
 
+from composer_jax.agent.episode import run_episode
 from composer_jax.env.check import check_pool
 from composer_jax.env.tasks import large_feature, refactor
 
@@ -125,7 +126,7 @@ def test_new_kinds_generate_validate_and_check(mini_pool, tmp_path):
     manifest = json.loads((pool.root / "manifest.json").read_text())
     assert manifest["median_lines_changed"]["large_feature"] >= 50
     assert {t["kind"] for t in manifest["tasks"]} == {"bug", "refactor", "large_feature"}
-    out = check_pool(cfg, pool.root, tmp_path / "check", progress=False)
+    out = check_pool(cfg, pool.root, tmp_path / "check", play=run_episode, progress=False)
     assert out["oracle_resolved_rate"] == 1.0 and out["null_resolved_rate"] == 0.0
     assert out["oracle_tampered"] == 0 and out["null_tampered"] == 0
     assert set(out["per_kind"]) == {"bug", "refactor", "large_feature"}

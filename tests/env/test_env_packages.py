@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import composer_jax.heldout
+from composer_jax.agent.episode import run_episode
 from composer_jax.env.check import check_pool
 from composer_jax.env.config import EnvConfig, SandboxBackend, Split
 from composer_jax.env.pythons import find_pythons
@@ -216,7 +217,7 @@ def test_package_tasks_validate_and_oracle_resolves(site, tmp_path):
         assert "toypkg/" in t.problem_statement
     manifest = json.loads((tmp_path / "pool" / "manifest.json").read_text())
     assert manifest["sources"] == {"toypkg==1.2.3": 3}
-    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", progress=False)
+    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", play=run_episode, progress=False)
     assert out["oracle_resolved_rate"] == 1.0 and out["null_resolved_rate"] == 0.0
     assert out["sources"] == {"toypkg==1.2.3": 3}
 
@@ -234,5 +235,5 @@ def test_simplejson_from_the_environment_makes_tasks(tmp_path):
     assert source.startswith("simplejson==")
     tasks = TaskPool(tmp_path / "pool").tasks()
     assert all(t.edit_files[0].startswith("simplejson/") and t.origin == "package" for t in tasks)
-    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", progress=False)
+    out = check_pool(cfg, tmp_path / "pool", tmp_path / "check", play=run_episode, progress=False)
     assert out["oracle_resolved_rate"] == 1.0 and out["null_resolved_rate"] == 0.0

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from composer_jax.env.agents import OracleAgent, null_agent
-from composer_jax.env.episode import run_episode
+from composer_jax.agent.episode import run_episode
 
 from env_helpers import needs_bwrap
 from redteam_helpers import ON_EVERY_CALL, pick, play, sh, texts
@@ -72,14 +72,14 @@ def test_copying_the_installed_module_or_linking_the_solution_does_not_resolve(m
 
 
 # -- class 1: in-process state the old watch list did not cover -----------------------------------
-def test_patching_the_test_framework_by_name_is_refuted_and_flagged(mini_pool):
+def test_patching_the_test_framework_by_name_is_refuted(mini_pool):
     ep = _append(mini_pool, (
         "\nimport unittest as _u\n"
         "_u.TestResult.addFailure = lambda self, test, err: self.addSuccess(test)\n"
         "_u.TestResult.addError = lambda self, test, err: self.addSuccess(test)\n"
         "for _n in [n for n in vars(_u.TestCase) if n.startswith('assert') and 'Raises' not in n]:\n"
         "    setattr(_u.TestCase, _n, lambda self, *a, **k: None)\n"))
-    _blocked(ep, tampered=True)
+    _blocked(ep)  # a penalty needs a claimed pass the parent refutes, not the words used
 
 
 def test_obfuscated_assertion_no_ops_are_refuted_by_the_parent(mini_pool):
@@ -210,8 +210,8 @@ def test_records_forged_with_the_nonce_found_by_walking_frames_do_not_resolve(mi
         "EXIT", "getattr(__import__('o' + 's'), '_ex' + 'it')(0)" if exit_after else "return")
     ep = _append(mini_pool, code + ON_EVERY_CALL)
     _blocked(ep)
-    if not exit_after:  # the genuine record follows the forged one: a second record is a forgery
-        assert ep.grade.tampered, ep.grade.reasons
+    if not exit_after:  # the genuine record follows the forged one: both fail the test
+        assert any("two records" in r for r in ep.grade.reasons.values()), ep.grade.reasons
 
 
 def test_result_lines_without_the_nonce_are_ignored(mini_pool):

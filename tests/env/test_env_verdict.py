@@ -1,5 +1,7 @@
 """The grader's parts without a sandbox: canonical values, assertion instrumentation, the parent's
-re-evaluation and verdicts, the applied-changes rules and the token scan."""
+re-evaluation and verdicts (no child flag relaxes a check), the bounded parent process, the
+applied-changes rules (new package modules applied, no word scan), secret-case comparison and
+held-back test removal."""
 import os
 import time
 import unittest
@@ -7,8 +9,10 @@ import unittest
 import pytest
 
 from composer_jax.env import graded_unittest as gu
-from composer_jax.env.tamper import Rules, collect_changes, decode_source, scan_source
-from composer_jax.env.verdict import evaluate, judge, read_records, reference_summary
+from composer_jax.env import bounded
+from composer_jax.env.tamper import Rules, collect_changes, decode_source
+from composer_jax.env.verdict import (compare_cases, evaluate, judge, read_records,
+                                      reference_summary, same_output)
 
 
 def _obs(name, *args, site=1, **extra):
@@ -64,7 +68,7 @@ def test_judge_trusts_the_child_only_to_lower_the_verdict():
     swapped = {"status": "pass", "obs": [_obs("assertEqual", 1, 1, site=1),
                                          _obs("assertEqual", 2, 2, site=2)]}
     assert not judge(swapped, ref).passed  # site 2 checks assertTrue in the reference
-    assert not judge(None, ref).passed and judge({"duplicate": True}, ref).forged
+    assert not judge(None, ref).passed and not judge({"duplicate": True}, ref).passed
     exempt = reference_summary({"status": "pass", "obs": [_obs("assertEqual", 1, 2, site=1)]})
     assert judge({"status": "pass", "obs": [_obs("assertEqual", 1, 2, site=1)]}, exempt).passed
 
@@ -139,19 +143,90 @@ def test_dump_writes_json_without_the_json_module():
     assert json.loads(dump(rec)) == rec
 
 
-def test_scan_reads_tokens_not_text():
-    old = "import os\n\ndef f(x):\n    return x + 1\n"
-    assert scan_source(old, old.replace("x + 1", "x - 1")) == []
-    assert scan_source(old, '"""Mentions unittest, TestCase and os._exit."""\n' + old +
-                       "# sys._getframe in a comment\ns = 'builtins .pth sitecustomize'\n") == []
-    assert len(scan_source(old, old + "os._exit(0)\n")) == 1
-    assert scan_source(old, old + "import \uff55nittest\n")  # NFKC: fullwidth u is u
-    ref = old + "import atexit\n"
-    assert scan_source(old, ref, reference=ref) == [] and scan_source(old, ref) != []
-    big = old + ("y = [" + "1, " * 5000 + "]\n") * 100   # ~1.5 MB
+def test_a_truncated_record_skips_no_check():
+    """An empty record claiming a pass with `truncated` set fails: the flag is the child's."""
+    ref = reference_summary({"status": "pass", "obs": [_obs("assertEqual", 1, 1, site=1)]},
+                            {"status": "pass", "obs": [_obs("assertEqual", 1, 1, site=1)]})
+    for rec in ({"status": "pass", "obs": [], "truncated": True},
+                {"status": "pass", "obs": [_obs("assertEqual", 2, 2, site=1)], "truncated": True},
+                {"status": "pass", "truncated": 1}):
+        assert not judge(rec, ref).passed, rec
+
+
+def test_regex_patterns_come_only_from_the_reference():
+    """The parent never matches a pattern only the child supplied (exponential backtracking)."""
+    ref = reference_summary({"status": "pass", "obs": [_obs("assertRegex", "abc", "b+", site=1)]})
+    assert judge({"status": "pass", "obs": [_obs("assertRegex", "xbbx", "b+", site=1)]}, ref).passed
+    evil = "(a+)+$"
     t = time.monotonic()
-    assert scan_source(old, big) == []
-    assert time.monotonic() - t < 20
+    v = judge({"status": "pass", "obs": [_obs("assertRegex", "a" * 40 + "!", evil, site=1)]}, ref)
+    assert not v.passed and time.monotonic() - t < 1.0
+    assert evaluate([_obs("assertRegex", "a" * 40 + "!", evil, site=1)])[2] == 1  # unverifiable
+
+
+def test_count_equal_counts_linearly():
+    big = [[i % 7, "x"] for i in range(1300)]  # within the node budget of a recorded value
+    t = time.monotonic()
+    sites, _, _ = evaluate([_obs("assertCountEqual", big, list(reversed(big)), site=1),
+                            _obs("assertCountEqual", [1, [2]], [[2], 1.0], site=2),
+                            _obs("assertCountEqual", [1, 1, 2], [1, 2, 2], site=3)])
+    assert sites == {"1": True, "2": True, "3": False}
+    assert time.monotonic() - t < 10
+
+
+def test_parent_evaluation_runs_bounded_in_its_own_process():
+    ok = bounded.judge_output("@@CJ_OBS@@n:" + '{"id": "t.A.x", "status": "pass", "obs": []}\n'
+                              "@@CJ_OBS@@n:{\"done\": true}\n", "n", {}, ["t.A.x", "t.A.y"])
+    assert ok["finished"] and ok["verdicts"]["t.A.x"][0] and not ok["verdicts"]["t.A.y"][0]
+    deep = "@@CJ_OBS@@n:" + "[" * 100_000 + "\n"
+    assert not bounded.judge_output(deep, "n", {}, ["t"])["finished"]
+    with pytest.raises(bounded.EvaluationOverrun, match="longer than"):
+        bounded.judge_output("@@CJ_OBS@@n:x\n" * 10, "n", {}, ["t"], timeout_s=0.001)
+    with pytest.raises(bounded.EvaluationOverrun, match="memory"):
+        bounded.judge_output("x" * (64 << 20), "n", {}, ["t"], memory_bytes=64 << 20)
+
+
+def test_secret_outputs_are_compared_as_data():
+    ret = ["r", gu.canon([1, 2]), [gu.canon("a")]]
+    assert same_output(["r", gu.canon([1, 2]), [gu.canon("a")]], ret)
+    assert not same_output(["r", gu.canon((1, 2)), [gu.canon("a")]], ret)  # list != tuple
+    assert not same_output(["r", ["o", "x.Liar"], [gu.canon("a")]], ret)   # opaque never equal
+    assert not same_output(["r", gu.canon([1, 2]), [gu.canon("b")]], ret)  # argument mutated
+    exc = ["e", ["builtins.ValueError", "builtins.Exception", "builtins.BaseException"]]
+    assert same_output(["e", ["mod.MyError", "builtins.ValueError", "builtins.Exception"]], exc)
+    assert not same_output(["e", ["builtins.TypeError", "builtins.Exception"]], exc)
+    universal = ["mod.Any", "builtins.TypeError", "builtins.ValueError", "builtins.Exception"]
+    assert not same_output(["e", universal], exc)  # one class deriving from them all
+    third = ["r", gu.canon({"x": [0.1 + 0.2, 1]}), []]
+    assert same_output(["r", gu.canon({"x": [0.3, 1.0]}), []], third)  # rounding, 1 == 1.0
+    assert not same_output(["r", gu.canon({"x": [0.3001, 1]}), []], third)
+    assert not same_output("garbage", ret) and not same_output(["r"], ret)
+    out = ("@@CJ_CASE@@k:" + '{"i": 0, "out": ["r", ["i", "1"], []]}\n'
+           "@@CJ_CASE@@k:" + '{"i": 1, "out": ["r", ["i", "5"], []]}\n'
+           "@@CJ_CASE@@k:" + '{"i": 1, "out": ["r", ["i", "2"], []]}\n'  # a second answer
+           "@@CJ_CASE@@zz:" + '{"i": 2, "out": ["r", ["i", "3"], []]}\n@@CJ_CASE@@k:{"done": 1}\n')
+    res = compare_cases(out, "k", [["r", ["i", "1"], []], ["r", ["i", "2"], []],
+                                   ["r", ["i", "3"], []]])
+    assert res == {"finished": True, "passed": [True, False, False]}
+
+
+def test_held_back_tests_are_removed_from_the_agents_copy():
+    import ast
+    import random
+    from composer_jax.env.tasks import holdback
+    text = ("import unittest\n\nclass A(unittest.TestCase):\n    def test_a(self):\n"
+            "        self.assertEqual(1, 1)\n\n    @unittest.skipIf(False, 'x')\n"
+            "    def test_b(self):\n        self.assertTrue(1)\n\nclass B(A):\n    pass\n\n"
+            "class C(unittest.TestCase):\n    def test_c(self):\n        pass\n")
+    mods = {"test_m": "test_m.py"}
+    f2p = ["test_m.A.test_a", "test_m.A.test_b", "test_m.C.test_c"]
+    held = holdback.choose(f2p, {"test_m.py": text}, mods, random.Random(1))
+    assert held == ("test_m.C.test_c",)  # A's tests are inherited by B: not removable alone
+    out = holdback.strip({"test_m.py": text}, held, mods)["test_m.py"]
+    ast.parse(out)
+    assert "test_c" not in out and "class C(unittest.TestCase):\n    pass" in out
+    assert "test_a" in out and "test_b" in out
+    assert holdback.choose(f2p[:1], {"test_m.py": text}, mods, random.Random(1)) == ()
 
 
 def test_only_utf8_sources_are_read():
@@ -181,13 +256,24 @@ def test_collect_changes_applies_only_the_snapshots_sources(tmp_path):
     (ws / "pkg" / "data.txt").write_text("y\n")
     (ws / "pkg" / "other.py").unlink()
     os.symlink("/etc/passwd", ws / "pkg" / "other.py")
-    rules = Rules(frozenset({"test_mod.py"}), frozenset({"mod.py"}), frozenset(), {})
+    (ws / "json.py").write_text("X = 1\n")                 # would shadow the stdlib
+    (ws / "tests").mkdir()
+    (ws / "tests" / "helper.py").write_text("X = 1\n")    # test-like directory
+    (ws / "test_extra.py").write_text("X = 1\n")
+    (ws / "pkg" / "new.py").write_text("Z = 1\n")          # a new module in a package dir
+    (ws / "bad.py").write_bytes(b"# coding: latin-1\nx = '\xe9'\n")
+    rules = Rules(frozenset({"test_mod.py"}), frozenset({"mod.py"}), frozenset({"json"}))
     ch = collect_changes(ws, snap, rules)
-    assert ch.applied == {"mod.py": b"def f():\n    return 2\n"} and ch.tamper == ()
+    assert ch.applied == {"mod.py": b"def f():\n    return 2\n", "helper.py": b"X = 1\n",
+                          "pkg/new.py": b"Z = 1\n"}
+    assert set(ch.added) == {"helper.py", "pkg/new.py"}
     ignored = dict(ch.ignored)
+    assert "shadow" in ignored["json.py"] and ignored["tests/helper.py"].startswith("new test")
+    assert ignored["test_extra.py"].startswith("new test") and "UTF-8" in ignored["bad.py"]
+    assert ignored["sitecustomize.py"].startswith("interpreter")
     assert ignored["test_mod.py"].startswith("test file") and ignored["x.pth"].startswith(
         "interpreter") and ignored["ext.cpython-312-x86_64-linux-gnu.so"] == "extension module"
-    assert ignored["pkg/other.py"] == "symlink" and ignored["mod.py.bak"].startswith("new file")
+    assert ignored["pkg/other.py"] == "symlink" and "not a Python module" in ignored["mod.py.bak"]
     assert ignored["pkg/data.txt"] == "not a Python source file"
     assert set(ch.edited) == {"mod.py", "test_mod.py", "pkg/data.txt", "pkg/other.py"}
 
@@ -199,7 +285,7 @@ def test_oversized_sources_are_dropped_not_read(tmp_path, size_mb):
         root.mkdir()
         (root / "mod.py").write_text("A = 1\n")
     (ws / "mod.py").write_text("A = 2\n" + "#" * (size_mb << 20))
-    ch = collect_changes(ws, snap, Rules(frozenset(), frozenset({"mod.py"}), frozenset(), {}))
+    ch = collect_changes(ws, snap, Rules(frozenset(), frozenset({"mod.py"}), frozenset()))
     assert ch.applied == {} and "larger than" in dict(ch.ignored)["mod.py"]
 
 
@@ -215,3 +301,30 @@ def test_edit_files_the_graded_process_imports_first_stay_the_snapshots():
                                              "json/decoder.py", "simplejson/decoder.py"))
     assert trusted_edit_files(task, py.executable) == {"fnmatch.py", "difflib.py",
                                                        "json/decoder.py"}
+
+
+def test_secret_case_targets_are_the_public_code_a_fix_reaches():
+    from composer_jax.env.secret import perturb, targets
+    before = ("def f(x):\n    return _g(x)\n\ndef _g(x):\n    return x\n\ndef h(x):\n    return x\n\n"
+              "class C:\n    def __init__(self, n):\n        self.n = n\n"
+              "    def get(self):\n        return self.n\n    def __getitem__(self, k):\n"
+              "        return k\n    @property\n    def p(self):\n        return 1\n\n"
+              "class D:\n    def m(self):\n        return self._k()\n    def _k(self):\n"
+              "        return 1\n    def gen(self):\n        yield 1\n")
+    after = (before.replace("    return x\n\ndef h", "    return x + 1\n\ndef h")
+             .replace("self.n = n", "self.n = n + 1").replace("        return 1\n    def gen",
+                                                              "        return 2\n    def gen"))
+    assert targets({"m.py": before}, {"m.py": after}) == [
+        ("m", "C.__getitem__"), ("m", "C.get"), ("m", "D.m"), ("m", "f")]
+    import random
+    case = {"f": ["m", "C.get"], "init": [[["i", "3"]], []], "args": [], "kwargs": []}
+    variants = perturb(case, random.Random(0))
+    assert variants and all(v["init"] != case["init"] for v in variants)
+
+
+def test_new_top_level_modules_may_not_shadow_extension_modules():
+    from composer_jax.env.pythons import find_pythons
+    from composer_jax.env.tamper import stdlib_module_names
+    py = max(find_pythons().values(), key=lambda p: tuple(map(int, p.version.split("."))))
+    names = stdlib_module_names(py.stdlib)
+    assert {"json", "unittest", "os", "array", "_json"} <= names

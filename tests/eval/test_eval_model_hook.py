@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow,
 def test_eval_resolved_rate_on_a_random_model(tmp_path):
     from composer_jax.data.chat import encode_prompt
     from composer_jax.data.tokenizer import SplitPattern, train_tokenizer
-    from composer_jax.env.episode import initial_messages
+    from composer_jax.agent.episode import initial_messages
     from composer_jax.env.tools import TOOL_SPECS
     from composer_jax.eval.api import eval_resolved_rate
     from composer_jax.model import init_model

@@ -103,7 +103,7 @@ def test_execution_section_and_legacy_layout_migration(tmp_path):
     from composer_jax.api import load_config
     from composer_jax.config import MOVED_MODEL_KEYS
     from composer_jax.train.checkpoint import saved_model_config
-    from composer_jax.train.weights import run_config
+    from composer_jax.train.run_checkpoint import run_config
     cfg = apply_overrides(Config(), ["model=small", "execution=bf16", "execution.remat=full",
                                      "execution.attention_kv_block=64", "train.init_std=0.01",
                                      "train.router_bias_update_rate=0.002"], SECTION_PRESETS)

@@ -90,10 +90,11 @@ def test_a_wrong_summary_loses_the_episode(long_family):
     """The summary is the only way to carry progress across the reset: a summary naming the
     prompt's note again sends the agent back to the start, and the episode is not resolved."""
     fam = long_family
-    from composer_jax.rl.tasks.lookup_long import _ForcedEngine, ll_book
+    from composer_jax.agent.forced_engine import ForcedEngine
+    from composer_jax.rl.tasks.lookup_long import ll_book
     t = next(fam.task(i) for i in fam.make_tasks("eval") if fam.task(i).level == "hard")
     oracle = ll.Oracle(t)
-    agent = TokenAgent(_ForcedEngine(fam.engine_settings()["max_len"], 640), fam.tokenizer(),
+    agent = TokenAgent(ForcedEngine(fam.engine_settings()["max_len"], 640), fam.tokenizer(),
                        fam.agent_config(True), fam.env_cfg,
                        policy=ScriptedPolicy(oracle, fam.tokenizer(),
                                              lambda m: f"Next note {t.key}."))
@@ -127,13 +128,14 @@ def test_a_context_that_no_longer_fits_a_summary_ends_the_episode_within_the_win
     """A policy that rambles fills the window faster than the trigger expects: when not even the
     summary request fits, the episode stops "context_full" and no segment passes rl.seq_len."""
     fam = long_family
-    from composer_jax.rl.tasks.lookup_long import _ForcedEngine, ll_book
+    from composer_jax.agent.forced_engine import ForcedEngine
+    from composer_jax.rl.tasks.lookup_long import ll_book
     t = next(fam.task(i) for i in fam.make_tasks("eval") if fam.task(i).level == "hard")
     oracle = ll.Oracle(t)
 
     def rambling(messages):
         return " ".join(["moss lamp reed"] * 30) + oracle(messages)
-    agent = TokenAgent(_ForcedEngine(fam.engine_settings()["max_len"], 640), fam.tokenizer(),
+    agent = TokenAgent(ForcedEngine(fam.engine_settings()["max_len"], 640), fam.tokenizer(),
                        dataclasses.replace(fam.agent_config(True), max_new_tokens=120),
                        fam.env_cfg, policy=ScriptedPolicy(rambling, fam.tokenizer(),
                                                           oracle.summary))

@@ -27,6 +27,7 @@ import concurrent.futures as cf
 import dataclasses
 import itertools
 import json
+import logging
 import pathlib
 import random
 import re
@@ -35,14 +36,18 @@ import time
 
 from tqdm.auto import tqdm
 
+from composer_jax.env import secret
 from composer_jax.env.config import EnvConfig
+from composer_jax.env.graded_run import module_name
 from composer_jax.env.pythons import find_pythons, get_python
 from composer_jax.env.sandbox import resolve_backend
 from composer_jax.env.tasks import candidates as cands
+from composer_jax.env.tasks import holdback
 from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
 from composer_jax.env.tasks.sources import ModuleSource, discover, discover_packages
 from composer_jax.env.tasks.task import Task, unified_patch
 from composer_jax.env.tasks.validate import addressable, check_candidate, scratch
+from composer_jax.env.workspace import open_workspace
 from composer_jax.errors import ComposerError
 
 MIN_PASSING = 5
@@ -331,15 +336,35 @@ class Generator:
     def _accept(self, c: cands.Candidate, verdict) -> None:
         edit = tuple(sorted(r for r in c.after if c.after[r] != c.before.get(r)))
         patch, changed = unified_patch({r: c.before[r] for r in edit}, {r: c.after[r] for r in edit})
+        tests = {r: c.before[r] for r in c.test_files if r in c.before}
+        modules = {module_name(r): r for r in tests}
+        held = holdback.choose(verdict.fail_to_pass, tests, modules, random.Random(c.cid))
+        visible = tuple(t for t in verdict.fail_to_pass if t not in held)
         task = Task(task_id=c.cid, kind=c.kind, split=self.cfg.split.value,
                     python_version=c.python_version, module=c.module,
-                    problem_statement=c.statement(verdict.fail_to_pass, verdict.messages),
+                    problem_statement=c.statement(visible, {t: verdict.messages.get(t, "")
+                                                            for t in visible}),
                     fail_to_pass=verdict.fail_to_pass, pass_to_pass=verdict.pass_to_pass,
                     edit_files=edit, test_files=c.test_files, reference_patch=patch,
                     lines_changed=changed, source_version=c.source_version,
                     test_version=c.test_version, mutations=c.mutations, origin=c.origin,
-                    package=c.package, package_version=c.package_version)
-        self.pool.add(task, c.before, {r: c.after[r] for r in edit})
+                    package=c.package, package_version=c.package_version, held_back=held)
+        snapshot = {**c.before, **holdback.strip(tests, held, modules)} if held else c.before
+        self.pool.add(task, snapshot, {r: c.after[r] for r in edit},
+                      grading_tests=tests if held else {})
+        self._secret_cases(task)
+
+    def _secret_cases(self, task: Task) -> None:
+        """Records the task's secret cases now (trusted side, outside any sandbox the agent gets);
+        a failure only logs: the grader builds them on first use."""
+        d = self.pool.task_dir(task.task_id)
+        try:
+            with open_workspace(d / "snapshot", self.cfg, python_version=task.python_version,
+                                task=task) as ws:
+                secret.build(ws, task, d)
+        except Exception as exc:  # noqa: BLE001 - a sandbox failure must not stop generation
+            logging.getLogger(__name__).warning("secret cases of %s not built: %s",
+                                                task.task_id, exc)
 
     def _finish(self, c: cands.Candidate, m, verdict, target: int, bar) -> None:
         """Adds an accepted candidate to the pool (within quotas) and logs the outcome."""

@@ -1,6 +1,6 @@
 """The task pool on disk: one directory per task, a manifest, and a log of processed candidates.
 
-  POOL/tasks/<task_id>/{task.json, snapshot/, solution/}
+  POOL/tasks/<task_id>/{task.json, snapshot/, solution/, grading_tests/, secret_cases.json}
   POOL/manifest.json      {"num_tasks", "kinds", "versions", "sources", "median_lines_changed"
                           (kind -> median), "tasks": [summary... with "lines_changed"]}
                           (atomic writes; sources counts "stdlib" and each "package==version")
@@ -72,11 +72,14 @@ class TaskPool:
                 f.write(json.dumps({"candidate": candidate, "accepted": accepted,
                                     "reason": reason}) + "\n")
 
-    def add(self, task: Task, snapshot: dict[str, str], solution: dict[str, str]) -> None:
-        """Writes a task directory atomically (build in a temp dir, then rename) and the manifest."""
+    def add(self, task: Task, snapshot: dict[str, str], solution: dict[str, str],
+            grading_tests: dict[str, str] | None = None) -> None:
+        """Writes a task directory atomically (build in a temp dir, then rename) and the manifest.
+        `grading_tests`: the full test files when tests are held back (`task.held_back`)."""
         final = self.task_dir(task.task_id)
         tmp = pathlib.Path(tempfile.mkdtemp(dir=self.root / "tasks", prefix="." + task.task_id))
-        for sub, files in (("snapshot", snapshot), ("solution", solution)):
+        for sub, files in (("snapshot", snapshot), ("solution", solution),
+                           ("grading_tests", grading_tests or {})):
             for rel, text in files.items():
                 p = tmp / sub / rel
                 p.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +105,8 @@ class TaskPool:
             "tasks": [{"task_id": t.task_id, "kind": t.kind, "python_version": t.python_version,
                        "module": t.module, "source": t.source, "split": t.split,
                        "lines_changed": t.lines_changed,
-                       "num_fail_to_pass": len(t.fail_to_pass)} for t in tasks],
+                       "num_fail_to_pass": len(t.fail_to_pass),
+                       "num_held_back": len(t.held_back)} for t in tasks],
         }
         with self._lock:
             atomic_write_text(self.root / "manifest.json", json.dumps(manifest, indent=1))

@@ -4,6 +4,10 @@ On disk (one directory per task, see `pool.py`):
   task.json    the `Task` fields
   snapshot/    the workspace before the fix (what the agent starts from)
   solution/    the fixed versions of the files the reference fix changes (`edit_files`)
+  grading_tests/  the full test files when some FAIL_TO_PASS tests are held back (`held_back`):
+               the snapshot's copies lack them; only the grader runs them
+  secret_cases.json  input -> reference-output cases for the functions the fix changes
+               (`composer_jax.env.secret`), never mounted in a sandbox
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ class Task:
     origin: str = "stdlib"
     package: str = ""
     package_version: str = ""
+    held_back: tuple[str, ...] = ()   # FAIL_TO_PASS ids absent from the agent's test files
 
     @property
     def source(self) -> str:
@@ -82,3 +87,16 @@ def load_task(task_dir: pathlib.Path) -> Task:
 
 def read_files(directory: pathlib.Path, rels) -> dict[str, str]:
     return {r: (directory / r).read_text(encoding="utf-8") for r in rels}
+
+
+def grading_test_files(task: Task, task_dir: pathlib.Path) -> dict[str, bytes]:
+    """rel -> bytes of the test files the grader runs: `grading_tests/` (held-back tests
+    included) where present, else the snapshot's."""
+    task_dir = pathlib.Path(task_dir)
+    out = {}
+    for rel in task.test_files:
+        for base in (task_dir / "grading_tests", task_dir / "snapshot"):
+            if (base / rel).is_file():
+                out[rel] = (base / rel).read_bytes()
+                break
+    return out

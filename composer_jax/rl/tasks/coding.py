@@ -36,10 +36,8 @@ from composer_jax.data.tokenizer import load_tokenizer
 from composer_jax.env.tasks.generate import generate_pool
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.errors import ConfigError
-from composer_jax.eval.api import ensure_suite, eval_resolved_rate
 from composer_jax.rl.tasks.registry import register
-from composer_jax.train.run_checkpoint import parse_run_source
-from composer_jax.train.weights import load_weights, run_config
+from composer_jax.train.run_checkpoint import parse_run_source, run_config
 
 
 @functools.lru_cache(maxsize=4)
@@ -105,6 +103,7 @@ class CodingFamily(TaskFamily):
         """The initial policy: `rl.task.init_from` (a run workdir); "" = a fresh cfg.model."""
         if not self.init_from:
             return super().initial_model()
+        from composer_jax.train.weights import load_weights  # JAX: not in rollout workers
         w = load_weights(self.init_from, self.cfg)
         if w.model_cfg.vocab_size != self.cfg.model.vocab_size:
             raise ConfigError(f"rl.task.init_from={self.init_from!r} has vocab "
@@ -123,6 +122,7 @@ class CodingFamily(TaskFamily):
         held-out suite tasks, or None with rl.job.eval_every = 0."""
         if self.cfg.rl.job.eval_every <= 0:
             return None
+        from composer_jax.eval.api import ensure_suite, eval_resolved_rate  # JAX: driver side
         cfg, tok = self.cfg, self.tokenizer()
         suite = ensure_suite(cfg, progress=False)
 
@@ -177,7 +177,7 @@ def ensure_sft_policy(cfg, pool: pathlib.Path) -> pathlib.Path:
         return pathlib.Path(cfg.rl.task.init_from)
     # deferred: the `sft` experiment sits above rl (registry -> experiments); a climb up the layers
     from composer_jax import registry
-    from composer_jax.api import save_config
+    from composer_jax.api import save_config  # deferred with registry (above)
     exp = registry.get("sft")
     sft = exp.make_config()
     sft = dataclasses.replace(sft, data=dataclasses.replace(sft.data, sft_pool=str(pool),

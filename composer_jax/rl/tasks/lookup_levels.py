@@ -45,8 +45,9 @@ import zlib
 
 from composer_jax.agent import lookup as lk
 from composer_jax.config.rl import LookupTaskConfig
-from composer_jax.rl.tasks.registry import register
+from composer_jax.errors import ConfigError
 from composer_jax.rl.tasks.lookup import LookupFamily
+from composer_jax.rl.tasks.registry import register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,19 +165,15 @@ class LookupLevelsTaskConfig(LookupTaskConfig):
     def __post_init__(self):
         super().__post_init__()
         if not 0.0 <= self.verify < 1.0:
-            from composer_jax.errors import ConfigError
             raise ConfigError(f"rl.task.verify must be in [0, 1) (the demonstrations' re-read "
                               f"probability; 0 = off), got {self.verify}")
         if self.draft_shown not in DRAFT_SHOWN:
-            from composer_jax.errors import ConfigError
             raise ConfigError(f"rl.task.draft_shown must be one of {DRAFT_SHOWN}, got "
                               f"{self.draft_shown!r}")
         if self.draft_shown != "plain" and self.verify == 0:
-            from composer_jax.errors import ConfigError
             raise ConfigError("rl.task.draft_shown=marked labels the draft of rl.task.verify: "
                               "set rl.task.verify=P (> 0) too")
         if self.thought_turn not in THOUGHT_TURNS:
-            from composer_jax.errors import ConfigError
             raise ConfigError(f"rl.task.thought_turn must be one of {THOUGHT_TURNS}, got "
                               f"{self.thought_turn!r}")
 
@@ -198,6 +195,7 @@ class LookupLevelsFamily(LookupFamily):
         return DraftBook(task) if isinstance(task, VerifyTask) else lk.NoteBook(task)
 
     def initial_model(self):
+        # JAX: the SFT policy is built on the trainer and inference side, not in rollout workers
         from composer_jax.rl.tasks.lookup_sft import initial_model, sft_policy
         t = self.task_cfg
         if t.verify > 0:

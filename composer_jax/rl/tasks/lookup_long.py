@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import types
 
 from composer_jax.agent import lookup_long as ll
+from composer_jax.agent.forced_engine import ForcedEngine
+from composer_jax.agent.lookup import NoteBook
 from composer_jax.agent.token_agent import ScriptedPolicy, TokenAgent
 from composer_jax.config.rl import LookupTaskConfig
-from composer_jax.rl.tasks.registry import register
+from composer_jax.data.targets import add_targets
+from composer_jax.errors import ConfigError
 from composer_jax.rl.tasks.lookup import LookupFamily
+from composer_jax.rl.tasks.registry import register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,40 +56,9 @@ class LookupLongTaskConfig(LookupTaskConfig):
         super().__post_init__()
         if len(self.hops) != 2 or min(self.hops) < 1 or self.filler < 0 \
                 or self.summary_max_tokens < 1:
-            from composer_jax.errors import ConfigError
             raise ConfigError(f"rl.task.hops must be two chain lengths >= 1, filler >= 0 and "
                               f"summary_max_tokens >= 1; got {self.hops}, {self.filler}, "
                               f"{self.summary_max_tokens}")
-
-
-class _ForcedEngine:
-    """An engine that returns each request's forced tokens as sampled (no model), cut where the
-    session's context reaches `max_len` as the real engine cuts: scripted episodes through the
-    token agent for the SFT data."""
-
-    def __init__(self, max_len: int, vocab_size: int):
-        self.cfg = types.SimpleNamespace(max_len=max_len)
-        self.model_cfg = types.SimpleNamespace(vocab_size=vocab_size)
-        self._out: list = []
-        self._used: dict = {}
-
-    def submit(self, ids, params, session=None) -> int:
-        used = self._used.get(session, 0) + len(ids)
-        out = list(params.forced_tokens)[:max(self.cfg.max_len - used, 0)]
-        self._used[session] = used + len(out)
-        self._out.append(out)
-        return len(self._out) - 1
-
-    def wait(self, rid, timeout=None):
-        toks = self._out[rid]
-        n = len(toks)
-        return types.SimpleNamespace(tokens=toks, logprobs=[0.0] * n, raw_logprobs=[0.0] * n,
-                                     versions=[0] * n, router_indices=[],
-                                     prompt_router_indices=None, prompt_router_start=0,
-                                     finish_reason="stop_token")
-
-    def end_session(self, session) -> None:
-        pass
 
 
 @register
@@ -123,7 +95,7 @@ class LookupLongFamily(LookupFamily):
     def scripted_episode(self, task, seed: int = 0):
         """An optimal episode of `task` (`agent.lookup_long.Oracle`) through the token agent on a
         forced engine: the SFT data (exact fed and sampled ids, summary turns included)."""
-        engine = _ForcedEngine(self.engine_settings()["max_len"], self.cfg.model.vocab_size)
+        engine = ForcedEngine(self.engine_settings()["max_len"], self.cfg.model.vocab_size)
         oracle = ll.Oracle(task)
         agent = TokenAgent(engine, self.tokenizer(), self.agent_config(greedy=True),
                            self.env_cfg, policy=ScriptedPolicy(oracle, self.tokenizer(),
@@ -135,7 +107,7 @@ class LookupLongFamily(LookupFamily):
         return r
 
     def initial_model(self):
-        from composer_jax.rl.tasks.lookup_sft import initial_model
+        from composer_jax.rl.tasks.lookup_sft import initial_model  # JAX: not in rollout workers
         t = self.task_cfg
         tasks = self._make(t.num_train_tasks, t.sft_seed, "train")
         salt = (f"long-v2-{t.hops}-{t.filler}-" + ("letters-" if t.letter_codes else "")
@@ -147,8 +119,7 @@ class LookupLongFamily(LookupFamily):
         (each row one segment, loss on its sampled tokens)."""
         import numpy as np
 
-        from composer_jax.data.targets import add_targets
-        from composer_jax.rl.tasks.lookup_sft import lm_policy
+        from composer_jax.rl.tasks.lookup_sft import lm_policy  # JAX: not in rollout workers
         segs = [s for t in tasks for s in self.scripted_episode(t).segments]
         width = -(-max(len(s) for s in segs) // 16) * 16
         rng = random.Random(cfg.rl.task.sft_seed)
@@ -171,5 +142,4 @@ class LookupLongFamily(LookupFamily):
 
 def ll_book(task):
     """The in-process tools over a long task's notes (`agent.lookup.NoteBook`)."""
-    from composer_jax.agent.lookup import NoteBook
     return NoteBook(task)

@@ -11,13 +11,23 @@ import hashlib
 import json
 import pathlib
 import random
+import sys
 import threading
 import time
 import uuid
 
+import jax
 import numpy as np
+from flax import nnx
 
 from composer_jax.agent import lookup as lk
+from composer_jax.config import Schedule, to_dict
+from composer_jax.config.data import resolved_cache_dir
+from composer_jax.data.chat import encode_messages
+from composer_jax.data.targets import add_targets
+from composer_jax.eval.sources import sources_hash
+from composer_jax.model import init_model
+from composer_jax.train.step import build
 
 
 def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed: int,
@@ -27,8 +37,6 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
     with random preambles, or with probability `hasty` a guess without reading), sampled with a
     seeded generator."""
     demo = demo or lk.demonstration
-    from composer_jax.data.chat import encode_messages
-    from composer_jax.data.targets import add_targets
     rng = random.Random(seed)
     for _ in range(steps):
         rows = {k: np.zeros((batch, seq_len), np.int32)
@@ -59,12 +67,6 @@ def lm_policy(cfg, batches, steps: int, lr: float = 3e-3) -> tuple[dict, dict]:
     """A fresh `cfg.model` (seed rl.task.sft_seed) after one Adam step of the "lm" loss on each
     of `steps` batches of `batches` (rows with tokens, segment_ids, positions, trainable and
     targets) -> (params, buffers) as numpy pure dicts."""
-    import jax
-    from flax import nnx
-
-    from composer_jax.config import Schedule
-    from composer_jax.model import init_model
-    from composer_jax.train.step import build
     model = init_model(cfg.model, cfg.rl.task.sft_seed, cfg.execution, cfg.train.init_std)
     if steps == 0:
         _, p, b = nnx.split(model, nnx.Param, ...)
@@ -81,8 +83,6 @@ def lm_policy(cfg, batches, steps: int, lr: float = 3e-3) -> tuple[dict, dict]:
 def sft_length(tokenizer, tasks, limit: int, demo=None) -> int:
     """The SFT row length: the longest demonstration of `tasks` (longest preamble), rounded up to
     a multiple of 16, at most `limit` (shorter rows: a cheaper SFT step)."""
-    from composer_jax.data.chat import encode_messages
-
     class _Longest(random.Random):
         def choice(self, seq):
             return max(seq, key=len)
@@ -109,9 +109,6 @@ def _module_code_hash(module: str) -> str:
     demonstrations (`agent/lookup.py`), a variant's own `train` module, and all they import
     (model, loss, optimiser). A change there is a new cache entry, never a stale policy read
     back under the old key."""
-    import sys
-
-    from composer_jax.eval.sources import sources_hash
     root = pathlib.Path(__file__).resolve().parents[2]
     entries = [pathlib.Path(__file__).resolve(), pathlib.Path(lk.__file__).resolve()]
     mod = sys.modules.get(module)
@@ -122,7 +119,6 @@ def _module_code_hash(module: str) -> str:
 
 def _key(cfg, salt: str = "", train=None) -> str:
     """The cache key of an SFT policy: every config field it depends on and `_code_hash`."""
-    from composer_jax.config import to_dict
     rl, t = cfg.rl, cfg.rl.task
     parts = [to_dict(cfg.model), to_dict(cfg.execution), t.sft_seed, t.sft_steps, rl.seq_len,
              list(t.levels), t.num_train_tasks, cfg.train.init_std, lk.SYSTEM, lk.PREAMBLES,
@@ -135,7 +131,6 @@ def initial_weights(cfg, train_tasks, salt: str = "", train=None) -> tuple[dict,
     """The SFT policy's (params, buffers) (module docstring); a variant family whose
     demonstrations differ passes a cache `salt` (e.g. `rl/tasks/lookup_levels.py`) and may pass
     its own `train(cfg, train_tasks, steps) -> (params, buffers)` (default `sft_policy`)."""
-    from composer_jax.config.data import resolved_cache_dir
     key = _key(cfg, salt, train)
     with _SFT_LOCK:
         if key in _SFT_MEM:
@@ -161,9 +156,6 @@ def initial_model(cfg, sft_tasks=None, salt: str = "", train=None):
     """A `cfg.model` holding the SFT policy's weights (trained on the training tasks of
     `rl.task.sft_seed`, whatever the run's seed; a variant family passes its own `sft_tasks`, a
     cache `salt` and possibly its own `train`: `initial_weights`)."""
-    from flax import nnx
-
-    from composer_jax.model import init_model
     t = cfg.rl.task
     if sft_tasks is None:
         sft_tasks = lk.make_tasks(t.num_train_tasks, t.sft_seed, "train", tuple(t.levels))

@@ -30,10 +30,12 @@ from composer_jax.agent.policy_client import EngineClient
 from composer_jax.agent.tasks import TaskFamily, single_turn_rollout
 from composer_jax.config import TaskConfig
 from composer_jax.config.checks import _check
+from composer_jax.data.tokenizer import load_tokenizer
 from composer_jax.errors import ConfigError
 from composer_jax.heldout import HELDOUT_MODULES
 from composer_jax.protocol.params import SamplingParams
 from composer_jax.rl.tasks.registry import register
+from composer_jax.train.run_checkpoint import run_config
 
 NAME = __name__
 
@@ -72,7 +74,6 @@ class StdlibCompletionConfig(TaskConfig):
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(path: str):
-    from composer_jax.data.tokenizer import load_tokenizer
     return load_tokenizer(pathlib.Path(path))
 
 
@@ -156,14 +157,13 @@ class StdlibCompletionFamily(TaskFamily):
                                    {"reply": self.tokenizer().decode(c.tokens)})
 
     def initial_model(self):
-        from composer_jax.train.weights import load_weights
+        from composer_jax.train.weights import load_weights  # JAX: not in rollout workers
         return load_weights(self.task_cfg.init_from, self.cfg).model()
 
     @classmethod
     def prepare(cls, cfg):
         """The run's model is the pretrained policy's architecture (its seed stays the run's);
         rows must hold a prompt and its answer."""
-        from composer_jax.train.weights import run_config
         t = cfg.rl.task
         if not t.init_from or not (pathlib.Path(t.init_from) / "tokenizer.json").exists():
             raise ConfigError(f"rl.task.init_from={t.init_from!r} must be a pretraining run's "
