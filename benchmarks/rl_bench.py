@@ -43,14 +43,15 @@ def run_one(name: str, staleness: int, steps: int, overrides: list[str], workdir
     from composer_jax.config import SECTION_PRESETS
     from composer_jax.overrides import apply_overrides
     from composer_jax.rl.driver import run_rl, settings_from_config
-    from experiments.rl import make_store, program_spec
+    from composer_jax.rl.task_program import task_program_spec
+    from experiments.rl import make_store
 
     exp = registry.get("rl_async_parity")
     cfg = apply_overrides(exp.make_config(), overrides + [f"rl.steps={steps}",
                                                           f"rl.max_staleness={staleness}",
                                                           "rl.job.eval_every=0"], SECTION_PRESETS)
     t0 = time.time()
-    summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg, progress=False),
+    summary = run_rl(task_program_spec(cfg), workdir, settings_from_config(cfg, progress=False),
                      make_store(cfg))
     rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "reward_mean" in r]

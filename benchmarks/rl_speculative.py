@@ -60,12 +60,13 @@ def run_one(name: str, overrides: list[str], workdir: pathlib.Path) -> dict:
     from composer_jax.rl.rollout import Rollout
     from composer_jax.rl.settings import settings_from_config
     from composer_jax.rl.tasks import family_of
-    from experiments.rl import make_store, program_spec
+    from composer_jax.rl.task_program import task_program_spec
+    from experiments.rl import make_store
     cfg = coding_config(overrides)
     workdir.mkdir(parents=True, exist_ok=True)
     family_of(cfg).write_run_files(workdir)
     t0 = time.time()
-    summary = run_rl(program_spec(cfg), workdir, settings_from_config(cfg, progress=False),
+    summary = run_rl(task_program_spec(cfg), workdir, settings_from_config(cfg, progress=False),
                      make_store(cfg))
     wall = time.time() - t0
     rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]

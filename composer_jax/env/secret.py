@@ -30,11 +30,12 @@ import random
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 
 from composer_jax.env.bounded import EvaluationOverrun, compare_outputs
 from composer_jax.env.config import SandboxBackend
-from composer_jax.env.graded_run import budget_bytes, budget_s, copy_tree
+from composer_jax.env.graded_run import budget_bytes, budget_s, copy_tree, module_name
 from composer_jax.env.sandbox import allocate_uid
 from composer_jax.env.secret_child import opaque
 from composer_jax.env.tasks.pool import atomic_write_text
@@ -52,6 +53,8 @@ MAX_CASES = 48
 CASE_BYTES = 4096
 CALL_SECONDS = 2.0
 INPUT_KEYS = ("f", "init", "args", "kwargs")   # "init": [args, kwargs] of a method's instance
+_LOCK = threading.Lock()
+_LOCKS: dict[str, threading.Lock] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +67,6 @@ class SecretResult:
     @property
     def ok(self) -> bool:
         return self.passed == self.total and not self.detail
-
-
-def _module(rel: str) -> str:
-    parts = rel[:-3].split("/")
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _functions(text: str) -> dict[str, ast.FunctionDef]:
@@ -143,7 +141,7 @@ def targets(before: dict[str, str], after: dict[str, str]) -> list[tuple[str, st
             callers = {n for n, f in new.items() if n not in changed and _calls(n, f) & changed}
             grew = bool(callers)
             changed |= callers
-        out += [(_module(rel), n) for n in sorted(changed) if _callable_as_data(n, new[n])]
+        out += [(module_name(rel), n) for n in sorted(changed) if _callable_as_data(n, new[n])]
     return out
 
 
@@ -238,7 +236,7 @@ def run_child(ws, task: Task, snapshot: pathlib.Path, files: dict, request: dict
         sandbox = ws.new_sandbox(tree, uid, scratch=tmp / "hidden")
         try:
             cmd = " ".join([*_python_argv(ws), ".cj_case/secret_child.py"])
-            fresh = sorted({_module(r).split(".")[0] for r in task.edit_files})
+            fresh = sorted({module_name(r).split(".")[0] for r in task.edit_files})
             r = sandbox.run(cmd, timeout_s=timeout_s, max_output_bytes=max_output_bytes,
                             stdin_data=(json.dumps({**request, "fresh": fresh}) + "\n").encode())
         finally:
@@ -270,8 +268,17 @@ def _usable(out) -> bool:
 
 def build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None = None) -> dict:
     """Builds (or loads) the task's secret cases (module docstring); returns the stored dict:
-    {"version", "targets", "cases": [{"f", "args", "kwargs", "out", "seen", "discriminating"}],
-    "why" (when there are none)}."""
+    {"version", "targets", "cases": [{"f", "init"?, "args", "kwargs", "out", "seen",
+    "discriminating"}], "seconds", "output_bytes", "why" (when there are none)}. Concurrent
+    callers for one task (a group of episodes) build once."""
+    key = str(pathlib.Path(task_dir).resolve())
+    with _LOCK:
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        return _build(ws, task, pathlib.Path(task_dir), timeout_s)
+
+
+def _build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None) -> dict:
     task_dir = pathlib.Path(task_dir)
     path = task_dir / FILE
     try:

@@ -212,7 +212,13 @@ def test_package_tasks_validate_and_oracle_resolves(site, tmp_path):
         assert t.python_version == _newest() and t.split == "train"
         assert t.edit_files == ("toypkg/core.py",) or t.edit_files == ("toypkg/__init__.py",)
         assert t.fail_to_pass and all(x.startswith("toypkg.tests.test_core.") for x in t.test_ids)
-        assert (d / "snapshot" / "toypkg" / "tests" / "test_core.py").read_text() == TESTS
+        shown = (d / "snapshot" / "toypkg" / "tests" / "test_core.py").read_text()
+        graded = d / "grading_tests" / "toypkg" / "tests" / "test_core.py"
+        if t.held_back:  # the agent's copy lacks them; the grader runs the package's own file
+            assert graded.read_text() == TESTS and shown != TESTS
+            assert all(f"def {h.rsplit('.', 1)[1]}(" not in shown for h in t.held_back)
+        else:
+            assert shown == TESTS and not graded.exists()
         assert not (d / "snapshot" / "toypkg" / "_speedups.cpython-312-x86_64-linux-gnu.so").exists()
         assert "toypkg/" in t.problem_statement
     manifest = json.loads((tmp_path / "pool" / "manifest.json").read_text())
