@@ -39,11 +39,11 @@ LAYERS = {
     "aot_programs": ("errors", "inference", "model", "pallas_kernels", "parallel", "rl", "train"),
     "slice_plan": ("aot_programs", "config", "errors", "parallel", "train"),
     "dry_run": ("config", "errors", "model", "parallel", "slice_plan"),
-    "sweep": ("config", "errors", "rl", "runlog"),
     "overrides": ("config", "errors"),
     "registry": ("errors", "experiments"),
     "api": ("config", "data", "errors", "overrides", "registry"),
     "rerun": ("api", "errors", "overrides"),
+    "sweep": ("api", "config", "errors", "rerun", "rl", "runlog"),     # launch.py --sweep runs trials
     "composer_jax": (),
     "experiments": ("*",),
 }
