@@ -97,6 +97,9 @@ class _InferenceActor:
     def version(self) -> int:
         return self.svc.version()
 
+    def pin(self, version: int) -> None:
+        self.svc.pin(version)
+
     def stop(self) -> None:
         self.svc.stop()
 
@@ -125,6 +128,10 @@ class RayInference:
 
     def version(self) -> int:
         return self._ray.get(self.actor.version.remote())
+
+    def pin(self, version: int) -> None:
+        """Serve exactly `version` (rl/schedule.py)."""
+        self._ray.get(self.actor.pin.remote(version))
 
     def stats(self) -> dict:
         try:

@@ -17,6 +17,7 @@ class InferenceService:
         self.store = store
         self.poll_s = poll_s
         self.swaps = 0
+        self.pinned: int | None = None     # the version to serve (rl/schedule.py); None: latest
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -34,7 +35,11 @@ class InferenceService:
     def refresh(self) -> bool:
         """Loads the store's latest version if it is newer than the server's."""
         v = self.store.latest()
-        if v is None or v <= getattr(self.server, "version", -1):
+        if self.pinned is not None:
+            if v is None or v < self.pinned or self.pinned == getattr(self.server, "version", -1):
+                return False
+            v = self.pinned
+        elif v is None or v <= getattr(self.server, "version", -1):
             return False
         self.server.load_from(self.store, v)     # the server reads the store in its own layout
         self.swaps += 1
@@ -49,6 +54,11 @@ class InferenceService:
                     self.refresh()
         self._thread = threading.Thread(target=loop, name="weight-poller", daemon=True)
         self._thread.start()
+
+    def pin(self, version: int) -> None:
+        """Serve exactly `version` from now on (loaded at once if published, else when it is)."""
+        self.pinned = version
+        self._wake.set()
 
     def wake(self) -> None:
         """A new version was published: look now instead of at the next poll (same process)."""
