@@ -30,6 +30,7 @@ from composer_jax.env.config import SandboxBackend
 from composer_jax.env.sandbox import allocate_uid
 from composer_jax.env.tasks.task import Task, grading_test_files
 from composer_jax.env.verdict import SUMMARY_VERSION, read_records
+from composer_jax.env.workspace import scratch_parent
 
 HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
 OUTPUT_BYTES = 32 << 20
@@ -151,7 +152,6 @@ def copy_tree(snapshot: pathlib.Path, files: dict, target: pathlib.Path, uid) ->
 def run_files(ws, task: Task, snapshot: pathlib.Path, files: dict, timeout_s: float,
               max_output_bytes: int = OUTPUT_BYTES) -> GradedRun:
     """`run_tree` on a fresh snapshot copy with `files` applied, in a scratch directory."""
-    from composer_jax.env.workspace import scratch_parent
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="cj-grade-", dir=scratch_parent()))
     os.chmod(tmp, 0o711)
     try:
