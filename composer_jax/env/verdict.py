@@ -25,7 +25,7 @@ import math
 import re
 
 MARK = "@@CJ_OBS@@"
-SUMMARY_VERSION = 6   # bump when `reference_summary` changes (cached summaries are keyed by it)
+SUMMARY_VERSION = 8   # bump when `reference_summary` changes (cached summaries are keyed by it)
 REGEX_TEXT_LIMIT = 1 << 16
 
 
