@@ -24,8 +24,16 @@ flags.DEFINE_string("experiment", None, "experiment name, or 'list' to list them
 flags.DEFINE_string("workdir", None, "run directory, local or a URL such as gs://bucket/run "
                     "(default: runs/EXPERIMENT, or what the experiment names, e.g. eval's policy)")
 flags.DEFINE_multi_string("set", [], "KEY=VALUE: the same as --config.KEY=VALUE (repeatable)")
-flags.DEFINE_string("sweep", None, "a grid of config values, one trial per point: "
-                    "'train.lr=1e-3,3e-3;seed=0,1' or a Python file defining SWEEP (docs/sweeps.md)")
+flags.DEFINE_multi_string("sweep", [], "a sweep axis KEY=V1,V2,... (repeat for a grid) or a Python "
+                          "file defining SWEEP: one trial per point, each in WORKDIR/<point> "
+                          "(docs/sweeps.md)")
+flags.DEFINE_enum("sweep_backend", "local", ["local", "ray"], "run the trials here, one after "
+                  "another, or as Ray Tune trials on a Ray cluster")
+flags.DEFINE_list("sweep_metrics", [], "metrics compared in the sweep's table (default: val_loss, "
+                  "loss, reward_mean, ... whichever the trials log)")
+flags.DEFINE_string("ray_address", "", "--sweep_backend=ray: the cluster to use (\"\" starts a "
+                    "local one for the sweep)")
+flags.DEFINE_integer("sweep_parallel", 1, "--sweep_backend=ray: trials at once")
 flags.DEFINE_bool("dry_run", False, "build and count/compile abstractly; run nothing")
 flags.DEFINE_bool("show_config", False, "print every config key with its type, value and default, "
                   "then exit")
@@ -143,7 +151,9 @@ def main(argv):
         if FLAGS.sweep:
             from composer_jax.sweep.run import run_sweep
             stopping.restore_default_signals()
-            run_sweep(exp, FLAGS.sweep, _PARSED["argv"], FLAGS.workdir)
+            run_sweep(exp, FLAGS.sweep, cfg, FLAGS.workdir, FLAGS.sweep_backend,
+                      FLAGS.sweep_metrics, FLAGS.ray_address, FLAGS.sweep_parallel,
+                      FLAGS.rewrite_config)
             return 0
         if not exp.stoppable or FLAGS.show_config or FLAGS.dry_run:
             stopping.restore_default_signals()

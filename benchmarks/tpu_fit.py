@@ -7,7 +7,8 @@ Each row runs `python launch.py --experiment=E --dry_run --set mesh.compile_topo
 (rows whose file exists are skipped, so the script resumes). CPU estimates for the same mesh run
 the same command without compile_topology (fake CPU devices) into NAME.cpu.json. `--table` only
 writes benchmarks/results/tpu_fit.md (the README table) from the files present; a row without a
-file is listed as not run.
+file is listed as not run, and each row names the commit of the step it compiled (`before #44`:
+an older file without one; delete a row's file to compile it again with the current step).
 
 `--kernels` compiles each TPU Pallas kernel (block-scaled matmul, grouped matmul, MXFP8 quantize)
 at kimi_k2_5's production shapes (`composer_jax.aot_programs.kernel_cases` of cpt_32k) for one chip
@@ -80,6 +81,8 @@ def run_row(name: str, exp: str, topo: str, sets: list[str], cpu: bool) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     result = json.loads((pathlib.Path(workdir) / "dry_run.json").read_text())
     result["command"] = "python " + " ".join(cmd[1:])
+    result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                      capture_output=True, text=True).stdout.strip()
     tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(dest)
@@ -172,8 +175,8 @@ def _cpu_estimate(name: str, exp: str, r: dict) -> str:
 
 def table() -> str:
     lines = ["| stage | slice (chips / devices) | mesh (`cp_ep`) | microbatches | XLA:TPU per device "
-             "(args + temps) | HBM per device | fits | compile | CPU estimate (same mesh) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "(args + temps) | HBM per device | fits | compile | CPU estimate (same mesh) | step |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     missing = []
     for name, exp, topo, sets in ROWS:
         f = OUT / f"{name}.json"
@@ -197,7 +200,8 @@ def table() -> str:
         fits = {True: "yes", False: "**no**", None: "?"}[r["fits_hbm"]]
         lines.append(f"| {exp} | `{topo}` ({t['num_chips']} / {t['num_devices']}) | {mesh} | "
                      f"{r['microbatches']} | {used} | {_gib(t['hbm_bytes_per_device'])} GiB | "
-                     f"{fits} | {r['compile_seconds']:.0f} s | {cpu} |")
+                     f"{fits} | {r['compile_seconds']:.0f} s | {cpu} | "
+                     f"{'`' + r['commit'] + '`' if r.get('commit') else 'before #44'} |")
     if missing:
         lines.append("")
         lines.append("Not compiled (no results file): " + "; ".join(missing) + ".")

@@ -6,7 +6,9 @@ AOT-compiles the sharded train step on the (virtual) mesh from abstract paramete
 and writes WORKDIR/dry_run.json with the keys DESIGN.md fixes (params_total, params_active,
 flops_per_token, mesh, per_device_bytes{params, optimizer, activations, total}) plus the bytes the
 step's collectives move (`collective_bytes_per_step`, biggest sources in `largest_collectives`),
-the biggest buffers live at the memory peak (`largest_buffers`), and WORKDIR/sharding_plan.txt
+the biggest buffers live at the memory peak (`largest_buffers`), the largest temporaries with
+their HLO op, shape, layout, live range, source line and jax name stack (`largest_temporaries`,
+from XLA's buffer assignment: composer_jax.parallel.memory_report), and WORKDIR/sharding_plan.txt
 (parameter path -> shape, dtype, PartitionSpec). CPU-compiled memory estimates accelerator memory;
 it is not a measurement.
 
@@ -128,6 +130,7 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
         "collective_bytes_per_step": plan["collective_bytes_per_step"],
         "largest_collectives": plan["largest_collectives"],
         "largest_buffers": plan["largest_buffers"],
+        "largest_temporaries": plan.get("largest_temporaries", []),
         "memory_analysis": plan["memory_analysis"],
         "compile_seconds": plan["compile_seconds"],
         "fits_hbm": (False if plan.get("compile_error") else None
@@ -174,6 +177,11 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     print("largest buffers live at the memory peak:")
     for b in result["largest_buffers"][:8]:
         print(f"  {_gb(b['bytes']):>11} {b['count']:>3} x {b['shape']:<32} {b['op']}")
+    if result["largest_temporaries"]:
+        from composer_jax.parallel.memory_report import format_rows
+        print("largest temporaries (bytes on the device, count, shape, HLO op, live range in the "
+              "schedule, source, jax name stack):")
+        print("\n".join(format_rows(result["largest_temporaries"])))
     print(f"note: {note}")
     print(f"wrote {path} and {workdir / 'sharding_plan.txt'}")
     return result

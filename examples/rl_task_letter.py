@@ -1,4 +1,4 @@
-"""An RL task family in one module: "reply with only the letter X" (README "Adding an RL task").
+"""An RL task family in one module: "reply with only the letter X" (docs/rl.md "Adding an RL task").
 
     python launch.py --experiment=rl_async --set rl.task=examples.rl_task_letter --set rl.steps=5
 """

@@ -127,5 +127,6 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
         w.write(0, metrics)
 
 
-registry.register("generate", "sample completions (fresh model or train.init_from=HF dir) with "
+registry.register("generate", "sample completions (a fresh model, or train.init_from= an HF dir or "
+                  "a run WORKDIR[@STEP]) with "
                   "tokens/s and MTP speculative-decoding acceptance/speed-up", _config, _run)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import sys
 
 from composer_jax import registry
 from composer_jax.config import (CodingTaskConfig, Config, EnvConfig, EvalConfig, JobConfig,
@@ -158,21 +159,51 @@ def with_coding_defaults(cfg: Config) -> Config:
 
 
 def prepare(cfg: Config) -> Config:
-    """The run's config resolved by its task family: a family with experiment settings of its
-    own (parity, coding) gets them first (`with_task_defaults`); then the family's `prepare`
-    (coding: the pool, the initial policy and its model); then `train.init_from` (the initial
-    policy of every family: its run's model, or a ConfigError; `rl.initial_policy`); then, on the resolved model, that
-    `inference.speculative` has the MTP modules it drafts with (a ConfigError before anything
-    is built)."""
+    """The run's config resolved by its task family, in this order: a family with experiment
+    settings of its own (parity, coding) gets them (`with_task_defaults`); a coding run with no
+    initial policy given gets the cached `sft` run on its pool (`_with_sft_policy`); the family's
+    `prepare` (coding: the pool, the initial policy and its model); `train.init_from`, the
+    initial policy of every family (its run's model, or a ConfigError: `rl.initial_policy`);
+    then, on the resolved model, that `inference.speculative` has the MTP modules it drafts with
+    (a ConfigError before anything is built)."""
     from composer_jax.rl.initial_policy import resolve_init_from
     from composer_jax.rl.tasks import get
+    from composer_jax.rl.tasks.coding import CodingFamily
     defaults = {"coding": _coding_config, "parity": _config}.get(cfg.rl.task.family)
     if defaults is not None:
         cfg = with_task_defaults(cfg, defaults)
     family = get(cfg.rl.task.family)
+    if issubclass(family, CodingFamily) and not (cfg.rl.task.init_from or cfg.train.init_from):
+        cfg = _with_sft_policy(cfg)
     cfg = resolve_init_from(family.prepare(cfg), family)
     cfg.inference.check_model(cfg.model.mtp_depth)   # inference.speculative needs an MTP head
     return cfg
+
+
+def _with_sft_policy(cfg: Config) -> Config:
+    """rl.task=coding with neither rl.task.init_from nor train.init_from: the task pool resolved
+    (`rl.tasks.coding.ensure_pool`) and, as rl.task.init_from, the `sft` experiment run on it
+    (cached by its config and the pool's manifest; built on first use: a few minutes on CPU)."""
+    from composer_jax.api import save_config
+    from composer_jax.config import to_dict
+    from composer_jax.rl.tasks.coding import _cache, _key, ensure_pool
+    pool = ensure_pool(cfg)
+    exp = registry.get("sft")
+    sft = exp.make_config()
+    sft = dataclasses.replace(sft, data=dataclasses.replace(sft.data, sft_pool=str(pool),
+                                                            cache_dir=cfg.data.cache_dir),
+                              env=dataclasses.replace(cfg.env, pool_dir=str(pool)), seed=cfg.seed)
+    manifest = (pool / "manifest.json").read_text() if (pool / "manifest.json").exists() else ""
+    d = _cache(cfg) / "rl_sft" / _key(to_dict(sft), manifest)
+    if not (d / "checkpoints" / str(sft.train.steps)).exists():     # missing or unfinished: (re)run
+        print(f"rl.task=coding: building the initial policy (the `sft` experiment) in {d}",
+              file=sys.stderr)
+        d.mkdir(parents=True, exist_ok=True)
+        save_config(sft, d / "config.json")
+        exp.run(sft, d)
+    task = dataclasses.replace(cfg.rl.task, init_from=str(d))
+    return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, pool_dir=str(pool)),
+                               rl=dataclasses.replace(cfg.rl, task=task))
 
 
 def make_store(cfg: Config, backend=None):

@@ -35,7 +35,7 @@ from composer_jax.config.model import (MODEL_PRESETS, ModelConfig, RopeConfig, R
                                        ScoringFunc, deepseek_v3, kimi_k2_5, small, tiny)
 from composer_jax.config.rl import (MOVED_RL_KEYS, TASK_PRESETS, CodingTaskConfig, JobConfig,
                                     LookupTaskConfig, ParityTaskConfig, PolicyLoss, RLBackend,
-                                    RLConfig, RLTasks, StalePolicy, TaskConfig, WeightSyncConfig,
+                                    RLConfig, RLSchedule, RLTasks, StalePolicy, TaskConfig, WeightSyncConfig,
                                     WorkerMode, register_task_config, task_config_class)
 from composer_jax.config.sweep import SweepConfig
 from composer_jax.config.train import MTPLoss, Optimizer, Schedule, TrainConfig
@@ -45,7 +45,7 @@ from composer_jax.errors import ConfigError
 
 __all__ = [
     "CodingTaskConfig", "Config", "ConfigError", "JobConfig", "LookupTaskConfig", "MOVED_RL_KEYS",
-    "ParityTaskConfig", "StalePolicy",
+    "ParityTaskConfig", "RLSchedule", "StalePolicy",
     "TASK_PRESETS", "TaskConfig", "WeightSyncConfig", "register_task_config", "task_config_class", "DataConfig", "DType", "EngineConfig", "EnvConfig", "EvalConfig",
     "ExecutionConfig", "EXECUTION_PRESETS", "MESH_AXES", "MeshConfig", "MODEL_PRESETS",
     "MODEL_PRESET_EXECUTION", "MOVED_MODEL_KEYS", "MTPLoss", "MoEImpl", "ModelConfig",

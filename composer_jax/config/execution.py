@@ -16,11 +16,18 @@ class MoEImpl(str, enum.Enum):
 
 
 class Remat(str, enum.Enum):
-    """Rematerialisation policy of each scanned block."""
+    """Rematerialisation policy of each scanned block (the named ones save the block's tagged
+    matmul outputs, MaxText's names: composer_jax.model.transformer.REMAT_SAVED)."""
     NONE = "none"                   # keep every activation
     FULL = "full"                   # recompute the whole block in the backward pass
     DOTS = "dots"                   # save matmul outputs, recompute the rest
     DOTS_NO_BATCH = "dots_no_batch" # save matmuls without batch dims (weights-stationary)
+    MINIMAL = "minimal"             # save q/kv/out projections and the FFN matmuls
+    MINIMAL_WITH_CONTEXT = "minimal_with_context"   # minimal + the attention output
+    SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"     # projections only, recompute the FFN
+    SAVE_DOT_EXCEPT_MLPWI = "save_dot_except_mlpwi" # projections and the FFN down matmul
+    SAVE_QKV_PROJ = "save_qkv_proj"                 # q and kv projections only
+    SAVE_OUT_PROJ = "save_out_proj"                 # the attention output projection only
 
 
 class Precision(str, enum.Enum):

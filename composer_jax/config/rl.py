@@ -47,6 +47,14 @@ class StalePolicy(str, enum.Enum):
     KEEP = "keep"        # trained anyway, corrected by the truncated importance weights
 
 
+class RLSchedule(str, enum.Enum):
+    """How rollouts are scheduled against policy versions (`rl/schedule.py`)."""
+    REPRODUCIBLE = "reproducible"  # group i sampled with version max(0, i//B - max_staleness) and
+                                   # trained in index order: the same seed gives the same run
+    FREE_RUNNING = "free_running"  # groups start when admission allows, sample with whatever
+                                   # version is loaded and train in completion order (throughput)
+
+
 class ResumeMode(str, enum.Enum):
     """How a resumed episode rebuilds its engine session (`agent.episode_checkpoint`)."""
     PREFILL = "prefill"  # one prefill of the recorded prefix (cheap; next log-probs within fp32
@@ -287,6 +295,8 @@ class RLConfig:
     kl_coef: float = 0.0                # k1 KL penalty placed in the reward
     max_staleness: int = 4              # admission control: versions ahead of the trainer
     stale_policy: StalePolicy = StalePolicy.DROP   # at consumption, a group older than max_staleness
+    schedule: RLSchedule = RLSchedule.REPRODUCIBLE  # reproducible (fixed version per group, job
+                                        # order; same seed, same run) | free_running (faster)
     error_penalty: float = 1.0          # an error rollout with trainable tokens gets reward -error_penalty
     router_replay: bool = True          # the trainer's forward reuses the experts chosen at sampling
     summary_trigger_tokens: int = 0     # self-summarization when the context passes this (0 = off)

@@ -1,17 +1,23 @@
 """Parent-side evaluation of a graded run, in its own process under a time and memory budget.
 
 Everything the parent computes from what a graded process wrote (parsing its output, judging each
-test, the reference summaries) runs in a fresh interpreter executing `verdict.py` as a script,
-which caps its own address space (RLIMIT_AS) before reading the request; the parent kills it
-past `timeout_s`. An overrun raises `EvaluationOverrun` (the episode fails with that reason; the
-worker goes on).
+test, comparing secret-case outputs, the reference summaries) runs in an evaluator process: a
+`python -I -S verdict.py` that caps its own address space (RLIMIT_AS) before reading anything and
+answers one JSON request per line. Each grading thread keeps one evaluator (starting a Python per
+request cost ~40 ms, a third of a grading); a request that exceeds `timeout_s` gets the process
+killed, one that runs out of memory ends it, and either raises `EvaluationOverrun` (the episode
+fails with that reason; the worker goes on, with a fresh evaluator next time).
 """
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import selectors
 import subprocess
 import sys
+import threading
+import time
 
 from composer_jax.env import verdict
 
@@ -24,22 +30,74 @@ class EvaluationOverrun(Exception):
     """The parent's evaluation of a graded run exceeded its time or memory budget."""
 
 
+class Evaluator:
+    """One evaluator process (module docstring); not thread-safe: one per thread."""
+
+    def __init__(self, memory_bytes: int):
+        self.memory_bytes = memory_bytes
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SCRIPT), str(memory_bytes)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            f.close()
+
+    def ask(self, request: dict, timeout_s: float) -> dict:
+        """The answer to `request`, or EvaluationOverrun (the process is then closed)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+            line = self._read_line(deadline, timeout_s)
+        except (BrokenPipeError, OSError):
+            self.close()
+            raise EvaluationOverrun("the evaluator died (out of memory?)") from None
+        out = json.loads(line)
+        if "error" in out:
+            self.close()
+            raise EvaluationOverrun(f"evaluating the graded run failed ({out['error']}; limit "
+                                    f"{self.memory_bytes >> 20} MiB)")
+        return out
+
+    def _read_line(self, deadline: float, timeout_s: float) -> bytes:
+        fd = self.proc.stdout.fileno()
+        chunks = []
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    self.close()
+                    raise EvaluationOverrun(f"evaluating the graded run took longer than "
+                                            f"{timeout_s:g}s")
+                data = os.read(fd, 1 << 20)
+                if not data:
+                    self.close()
+                    raise EvaluationOverrun("the evaluator died (out of memory?)")
+                chunks.append(data)
+                if data.endswith(b"\n"):
+                    return b"".join(chunks)
+
+
+_LOCAL = threading.local()
+
+
 def evaluate_in_process(request: dict, timeout_s: float = TIMEOUT_S,
                         memory_bytes: int = MEMORY_BYTES) -> dict:
-    """Runs `verdict._main` on `request` in a fresh `python -I -S` (module docstring)."""
-    data = json.dumps(request)
-    try:
-        r = subprocess.run([sys.executable, "-I", "-S", str(SCRIPT), str(memory_bytes)],
-                           input=data,
-                           capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise EvaluationOverrun(f"evaluating the graded run took longer than {timeout_s:g}s") \
-            from None
-    if r.returncode != 0:
-        why = "out of memory" if "MemoryError" in r.stderr else r.stderr.strip()[-300:]
-        raise EvaluationOverrun(f"evaluating the graded run failed ({why}; limit "
-                                f"{memory_bytes >> 20} MiB)")
-    return json.loads(r.stdout)
+    """`verdict.answer(request)` in this thread's evaluator process (module docstring)."""
+    ev = getattr(_LOCAL, "evaluator", None)
+    if ev is None or not ev.alive() or ev.memory_bytes != memory_bytes:
+        if ev is not None:
+            ev.close()
+        ev = _LOCAL.evaluator = Evaluator(memory_bytes)
+    return ev.ask(request, timeout_s)
 
 
 def judge_output(output: str, nonce: str, references: dict, test_ids, **kw) -> dict:

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from composer_jax.env import secret
 from composer_jax.env.agents import OracleAgent, null_agent
 from composer_jax.env.config import EnvConfig
+from composer_jax.env.tasks.generate import top_reasons
 from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
 from composer_jax.errors import ComposerError
 from composer_jax.runlog import MetricsWriter
@@ -47,7 +48,6 @@ class EmptyPoolError(ComposerError, FileNotFoundError):
 def empty_pool_message(pool_dir: pathlib.Path) -> str:
     """Why `pool_dir` holds no task: never generated, or generation failed (with the most common
     reasons modules were unusable, read from the baseline caches)."""
-    from composer_jax.env.tasks.generate import top_reasons
     root = pathlib.Path(pool_dir)
     caches = sorted((root / "baselines").glob("*.json"))
     log = root / "candidates.jsonl"

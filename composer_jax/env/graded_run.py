@@ -30,10 +30,11 @@ from composer_jax.env.config import SandboxBackend
 from composer_jax.env.sandbox import allocate_uid
 from composer_jax.env.tasks.task import Task, grading_test_files
 from composer_jax.env.verdict import SUMMARY_VERSION, read_records
+from composer_jax.env.workspace import scratch_parent
 
 HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
 OUTPUT_BYTES = 32 << 20
-GRACE_S = 0.25    # a graded run may take GRACE_S + FACTOR x the reference's time
+GRACE_S = 0.1     # a graded run may take GRACE_S + FACTOR x the reference's time
 FACTOR = 3.0      # and write GRACE_BYTES + FACTOR x what the reference wrote
 GRACE_BYTES = 64 << 10
 # What the graded process imports before any test: its own modules and those of `python -m`.
@@ -151,7 +152,6 @@ def copy_tree(snapshot: pathlib.Path, files: dict, target: pathlib.Path, uid) ->
 def run_files(ws, task: Task, snapshot: pathlib.Path, files: dict, timeout_s: float,
               max_output_bytes: int = OUTPUT_BYTES) -> GradedRun:
     """`run_tree` on a fresh snapshot copy with `files` applied, in a scratch directory."""
-    from composer_jax.env.workspace import scratch_parent
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="cj-grade-", dir=scratch_parent()))
     os.chmod(tmp, 0o711)
     try:
@@ -183,18 +183,29 @@ def _reference_key(ws, task: Task, snapshot: pathlib.Path, solution: dict) -> st
 
 @dataclasses.dataclass(frozen=True)
 class Reference:
-    """summary: test id -> `reference_summary`; seconds, output_bytes: the larger of its two
-    runs (a graded run's budgets scale with them: `budget_s`, `budget_bytes`)."""
+    """summary: test id -> `reference_summary`; seconds: the faster of its two runs (the first
+    may pay cold caches), as on an idle machine; output_bytes: the larger of the two (a graded
+    run's budgets scale with them: `budget_s`, `budget_bytes`)."""
     summary: dict
     seconds: float = 0.0
     output_bytes: int = 0
 
 
+def slowdown() -> float:
+    """How much slower than idle this machine runs now: the 1-minute load per CPU, at least 1."""
+    try:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    except OSError:
+        return 1.0
+
+
 def budget_s(reference_seconds: float, cap_s: float) -> float:
-    """A graded run's time limit: GRACE_S + FACTOR x the reference's time, at most `cap_s`. A
-    correct fix much slower than the reference fails; an endless loop costs little more than an
-    honest grading."""
-    return min(cap_s, GRACE_S + FACTOR * reference_seconds) if reference_seconds else cap_s
+    """A graded run's time limit: GRACE_S + FACTOR x the reference's time (stored as on an idle
+    machine, scaled by the current `slowdown`), at most `cap_s`. A correct fix much slower than
+    the reference fails; an endless loop costs little more than an honest grading."""
+    if not reference_seconds:
+        return cap_s
+    return min(cap_s, GRACE_S + FACTOR * reference_seconds * slowdown())
 
 
 def budget_bytes(reference_bytes: int, cap: int = OUTPUT_BYTES) -> int:
@@ -241,7 +252,7 @@ def reference(ws, task: Task, task_dir: pathlib.Path, timeout_s: float) -> Refer
                     task.task_id, out.get("why") or run.detail[-300:] or "no final line")
                 return None
             stored = {"summary": out["summary"],
-                      "seconds": max(run.duration_s, again.duration_s),
+                      "seconds": min(run.duration_s, again.duration_s) / slowdown(),
                       "output_bytes": max(len(run.output), len(again.output))}
             _store(path, stored)
         ref = Reference(stored["summary"], float(stored.get("seconds", 0.0)),

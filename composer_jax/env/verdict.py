@@ -13,8 +13,8 @@ A test the child calls passed while the parent's own evaluation fails it is a fo
 only action that would have changed a naive grader's verdict, and the only tampering. No flag the
 child writes (e.g. "truncated") relaxes a check: what the parent cannot verify fails the test.
 
-Run as a script (`bounded.py` does, in its own process under time and memory limits), it reads
-one JSON request from stdin and writes the verdicts (`_main`).
+Run as a script (`bounded.py` does, in its own process under time and memory limits), it answers
+JSON requests line by line (`_main`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import math
 import re
 
 MARK = "@@CJ_OBS@@"
-SUMMARY_VERSION = 6   # bump when `reference_summary` changes (cached summaries are keyed by it)
+SUMMARY_VERSION = 8   # bump when `reference_summary` changes (cached summaries are keyed by it)
 REGEX_TEXT_LIMIT = 1 << 16
 
 
@@ -518,21 +518,34 @@ def compare_cases(output: str, nonce: str, expected: list) -> dict:
                        for i, want in enumerate(expected)]}
 
 
+def answer(req: dict) -> dict:
+    """One request of the bounded evaluator (`bounded.py`): "judge", "cases" or "summary"."""
+    if req["op"] == "judge":
+        return judge_run(req["output"], req["nonce"], req["references"], req["test_ids"])
+    if req["op"] == "cases":
+        return compare_cases(req["output"], req["nonce"], req["expected"])
+    return summarise_runs(req["first"], req["second"], req["nonce1"], req["nonce2"],
+                          req["test_ids"])
+
+
 def _main() -> None:
+    """The evaluator process: caps its address space, then answers one JSON request per stdin
+    line with one JSON line; a request that runs out of memory is answered with an error and
+    ends the process (the parent starts a fresh one)."""
     import resource
     import sys
     limit = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     if limit:  # before reading anything the graded process wrote
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    req = json.loads(sys.stdin.read())
-    if req["op"] == "judge":
-        out = judge_run(req["output"], req["nonce"], req["references"], req["test_ids"])
-    elif req["op"] == "cases":
-        out = compare_cases(req["output"], req["nonce"], req["expected"])
-    else:
-        out = summarise_runs(req["first"], req["second"], req["nonce1"], req["nonce2"],
-                             req["test_ids"])
-    sys.stdout.write(json.dumps(out))
+    for line in sys.stdin:
+        try:
+            out = answer(json.loads(line))
+        except MemoryError:
+            sys.stdout.write('{"error": "out of memory"}\n')
+            sys.stdout.flush()
+            return
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from composer_jax.env.hide import mounted_roots, overlays
 from composer_jax.env.pythons import get_python
 from composer_jax.env.sandbox import (Limits, PersistentShell, Sandbox, SandboxKilled, allocate_uid,
                                       killed_from_outside, resolve_backend, sandbox_python)
+from composer_jax.env.tasks.task import load_task
 from composer_jax.env.tools import ToolResult, dispatch
 from composer_jax.env.tools.search import iter_files
 
@@ -173,7 +174,6 @@ def _task_edit_files(directory: pathlib.Path) -> tuple[str, ...]:
     meta = pathlib.Path(directory).resolve().parent / "task.json"
     if pathlib.Path(directory).name != "snapshot" or not meta.is_file():
         return ()
-    from composer_jax.env.tasks.task import load_task
     return hidden_files(load_task(meta.parent))
 
 

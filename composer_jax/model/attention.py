@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from composer_jax.config import ModelConfig
 from composer_jax.model import rope as rope_lib
-from composer_jax.model.layers import (Ctx, ParamInit, RMSNorm, linear, make_param,
+from composer_jax.model.layers import (Ctx, ParamInit, RMSNorm, linear, make_param, save_as,
                                       use_cpu_matmul)
 from composer_jax.parallel.ring_attention import online_softmax_block, ring_attention
 from composer_jax.parallel.sharding import CPAttention, current, shard
@@ -377,8 +377,10 @@ class MLA(nnx.Module):
         cos, sin = rope_lib.rope_cos_sin(positions, inv_freq, att_factor)
         q_nope, q_pe = self.project_q(x, ctx)
         q_pe = rope_lib.apply_rope(q_pe, cos, sin, cfg.rope.interleaved)
-        q = shard(jnp.concatenate([q_nope, q_pe], axis=-1), ("batch", "seq", "act_heads", None))
+        q = shard(save_as(jnp.concatenate([q_nope, q_pe], axis=-1), "query_proj"),
+                  ("batch", "seq", "act_heads", None))
         c, k_pe = self.project_latent(x, ctx)
+        c, k_pe = save_as(c, "kv_proj"), save_as(k_pe, "kv_proj")
         k_pe = rope_lib.apply_rope(k_pe[:, :, None, :], cos, sin, cfg.rope.interleaved)
         if token_index is None:
             token_index = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
@@ -398,8 +400,8 @@ class MLA(nnx.Module):
                                     token_index, token_index, scale,
                                     ctx.execution.attention_kv_block,
                                     cfg.qk_nope_head_dim, ctx.dtype)
-        out = shard(out, ("batch", "seq", "act_heads", None))
-        return linear(out, self.wo[...], ctx, "bthv,hvd->btd")
+        out = shard(save_as(out, "context"), ("batch", "seq", "act_heads", None))
+        return save_as(linear(out, self.wo[...], ctx, "bthv,hvd->btd"), "out_proj")
 
 
 def softmax_scale(cfg: ModelConfig) -> float:

@@ -20,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from composer_jax.config import DType, ExecutionConfig, ModelConfig
 from composer_jax.parallel import target
@@ -157,6 +158,12 @@ def use_cpu_matmul(dtype) -> bool:
     return jnp.dtype(dtype) == jnp.float32 and cpu_without_mesh()
 
 
+def save_as(x: jax.Array, name: str) -> jax.Array:
+    """x, tagged `name` for the named remat policies (`transformer.REMAT_SAVED`): a policy that
+    lists the name keeps x for the backward pass, the others recompute it. Identity otherwise."""
+    return checkpoint_name(x, name)
+
+
 def linear(x: jax.Array, w: jax.Array, ctx: Ctx, spec: str = "...d,df->...f") -> jax.Array:
     """A matmul of activations with a weight in the compute dtype, accumulated in float32.
 
@@ -208,5 +215,6 @@ class MLP(nnx.Module):
         self.down = make_param(rngs, (width, d), ("mlp", "embed"), pinit, stack)
 
     def __call__(self, x, ctx: Ctx):
-        h = jax.nn.silu(ffn_linear(x, self.gate[...], ctx, 1)) * ffn_linear(x, self.up[...], ctx, 2)
-        return ffn_linear(h, self.down[...], ctx, 3)
+        h = (jax.nn.silu(save_as(ffn_linear(x, self.gate[...], ctx, 1), "mlpwi_0"))
+             * save_as(ffn_linear(x, self.up[...], ctx, 2), "mlpwi_1"))
+        return save_as(ffn_linear(h, self.down[...], ctx, 3), "mlpwo")

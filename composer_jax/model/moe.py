@@ -19,7 +19,8 @@ from flax import nnx
 from composer_jax.config import ModelConfig, MoEImpl
 from composer_jax.model import router as router_lib
 from composer_jax.quant.grouped import grouped_matmul
-from composer_jax.model.layers import MLP, Ctx, ParamInit, RouterBias, linear, make_param
+from composer_jax.model.layers import (MLP, Ctx, ParamInit, RouterBias, linear, make_param,
+                                      save_as)
 from composer_jax.parallel.expert import RowCodec, dispatch_expert_parallel
 from composer_jax.parallel.per_token import per_token
 from composer_jax.parallel import target
@@ -116,9 +117,9 @@ def dispatch_ragged(x, idx, weights, w_gate, w_up, w_down, ctx: Ctx):
     order = jnp.argsort(flat, stable=True)                           # assignments sorted by expert
     group_sizes = jnp.bincount(flat, length=e).astype(jnp.int32)     # [E]
     xs = x[order // k]                                               # [N*K, D]
-    h = (jax.nn.silu(_grouped(xs, w_gate, group_sizes, ctx, 1))
-         * _grouped(xs, w_up, group_sizes, ctx, 2))
-    ys = _grouped(h, w_down, group_sizes, ctx, 3)                       # [N*K, D]
+    h = (jax.nn.silu(save_as(_grouped(xs, w_gate, group_sizes, ctx, 1), "mlpwi_0"))
+         * save_as(_grouped(xs, w_up, group_sizes, ctx, 2), "mlpwi_1"))
+    ys = save_as(_grouped(h, w_down, group_sizes, ctx, 3), "mlpwo")     # [N*K, D]
     inverse = jnp.argsort(order)
     y = ys[inverse].reshape(n, k, -1)
     return jnp.einsum("nkd,nk->nd", y.astype(jnp.float32), weights).astype(x.dtype)
@@ -190,11 +191,25 @@ class MoE(nnx.Module):
                 ctx.execution.moe_capacity_factor, grouped=expert_parallel_matmul(ctx),
                 codec=expert_parallel_codec(ctx, d))
         else:
-            dispatch = (dispatch_ragged if ctx.execution.moe_impl == MoEImpl.RAGGED
-                        else dispatch_dense)
-            y = dispatch(x.reshape(b * t, d), idx.reshape(b * t, -1), weights.reshape(b * t, -1),
-                         self.w_gate[...], self.w_up[...], self.w_down[...], ctx)
-            y = y.reshape(b, t, d)
+            ragged = ctx.execution.moe_impl == MoEImpl.RAGGED
+            dispatch = dispatch_ragged if ragged else dispatch_dense
+
+            def local(tok, w):
+                xl, il, wl = tok
+                bl, tl = xl.shape[:2]
+                yl = dispatch(xl.reshape(bl * tl, d), il.reshape(bl * tl, -1),
+                              wl.reshape(bl * tl, -1), *w, ctx)
+                return yl.reshape(bl, tl, d), {}
+
+            experts = (self.w_gate[...], self.w_up[...], self.w_down[...])
+            if ragged and ctx.fmt == "bf16":
+                # each device sorts and runs its own tokens' assignments (`per_token`): traced
+                # on the global [N*K, D] arrays, XLA's partitioner cannot split the sort and
+                # the ragged dots along tokens and ran every device's dispatch on all N*K rows
+                # (4 GiB buffers per device at the mid-size side-by-side model)
+                y, _ = per_token(local, (x, idx, weights), experts)
+            else:   # quantized: the NVFP4 per-tensor scales are global amaxes over all tokens
+                y, _ = local((x, idx, weights), experts)
         if self.shared is not None:
             y = y + self.shared(x, ctx)
         valid = (segment_ids != 0)

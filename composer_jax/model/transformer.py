@@ -32,7 +32,8 @@ from composer_jax.model.attention import MLA
 from composer_jax.model.layers import (MLP, Ctx, ParamInit, RMSNorm, cpu_without_mesh, linear,
                                       make_param)
 from composer_jax.model.moe import MoE
-from composer_jax.parallel.sharding import compute_value, gather_for_compute, shard
+from composer_jax.parallel.sharding import (compute_value, gather_for_compute, lookup_on_shards,
+                                            shard)
 
 
 @struct.dataclass
@@ -81,6 +82,22 @@ class Block(nnx.Module):
         return shard(x + y, ("batch", "seq", "act_embed")), aux
 
 
+_PROJ = ("query_proj", "kv_proj", "out_proj")
+_FFN = ("mlpwi_0", "mlpwi_1", "mlpwo")
+# The named policies (MaxText's remat_policy names): the tagged values each saves
+# (`layers.save_as`: query_proj = q after rope, kv_proj = the MLA latent and rope key,
+# context = attention output, out_proj = after wo, mlpwi_0/1 = FFN gate/up, mlpwo = FFN down;
+# dense and ragged-dispatch expert FFNs alike); everything else is recomputed.
+REMAT_SAVED = {
+    Remat.MINIMAL: _PROJ + _FFN,
+    Remat.MINIMAL_WITH_CONTEXT: _PROJ + _FFN + ("context",),
+    Remat.SAVE_DOT_EXCEPT_MLP: _PROJ,
+    Remat.SAVE_DOT_EXCEPT_MLPWI: _PROJ + ("mlpwo",),
+    Remat.SAVE_QKV_PROJ: ("query_proj", "kv_proj"),
+    Remat.SAVE_OUT_PROJ: ("out_proj",),
+}
+
+
 def _remat(fn, policy: Remat):
     if policy == Remat.NONE:
         return fn
@@ -88,7 +105,10 @@ def _remat(fn, policy: Remat):
         return jax.checkpoint(fn)
     if policy == Remat.DOTS:
         return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable)
-    return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    if policy == Remat.DOTS_NO_BATCH:
+        return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    return jax.checkpoint(fn, policy=jax.checkpoint_policies.save_only_these_names(
+        *REMAT_SAVED[policy]))
 
 
 def unroll_layer_scans() -> bool:
@@ -249,7 +269,12 @@ class Transformer(nnx.Module):
         return Ctx(self.cfg, self.execution, key=quant_key, balance_loss=balance_loss)
 
     def embed_tokens(self, tokens, ctx: Ctx):
-        return jnp.take(compute_value(self.embed), tokens, axis=0).astype(ctx.dtype)
+        """tokens [B,T] -> [B,T,D] in the compute dtype. On a mesh the rows are read from the
+        table's storage shards (`lookup_on_shards`: the gradient stays split like the table)."""
+        rows = lookup_on_shards(self.embed, tokens)
+        if rows is None:
+            rows = jnp.take(compute_value(self.embed), tokens, axis=0)
+        return rows.astype(ctx.dtype)
 
     def head(self, h, ctx: Ctx):
         """Normed hidden [..., D] -> float32 logits [..., V]."""

@@ -19,6 +19,7 @@ import dataclasses
 import enum
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -186,6 +187,102 @@ def compute_value(v: nnx.Variable) -> jax.Array:
     return constrain(v[...], param_spec(None, v, pc, compute=True))
 
 
+def _spec_axes(entry) -> tuple[str, ...]:
+    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+
+def constrain_like_params(tree, abstract_params):
+    """`tree` (a pure dict shaped like the parameters, e.g. their gradients) constrained to the
+    parameters' storage layout; identity without a context. Applied to the gradients as they
+    leave the backward pass, so XLA reduce-scatters each into its storage shard there and runs
+    the optimizer update in the storage layout (left free, it may move the optimizer state to
+    the gradient's layout instead: an all-to-all of params, mu and nu live for the whole step)."""
+    pc = current()
+    if pc is None:
+        return tree
+    specs = nnx.to_pure_dict(jax.tree.map_with_path(
+        lambda path, v: v.replace(param_spec(path, v, pc)), abstract_params, is_leaf=_is_var))
+    return jax.tree.map(lambda s, x: constrain(x, s), specs, tree,
+                        is_leaf=lambda x: isinstance(x, P))
+
+
+def lookup_on_shards(v: nnx.Variable, ids: jax.Array) -> jax.Array | None:
+    """Rows `ids` [B,T] of the table v [V,D] read where the table is stored, or None when that
+    does not apply (no context, ids not [B,T], the vocabulary dim itself split).
+
+    The table stays in its storage layout (the model dim split over the FSDP axes); the ids are
+    gathered over those axes (int32, small) and every device reads its D-slice of every row:
+    [B,T,D/n] split over D, the size of one device's [B/n,T,D] activations, which `shard`
+    then re-splits over the batch (an all-to-all). Its transpose, the embedding gradient,
+    scatter-adds into the local [V, D/n] slice: no device ever holds a full-size [V,D] gradient
+    (gathering the table first made XLA scatter into a full [V,D] buffer and all-reduce it)."""
+    pc = current()
+    if pc is None or ids.ndim != 2:
+        return None
+    spec = param_spec(None, v, pc)
+    if spec[0] is not None:
+        return None
+    d_axes = _spec_axes(spec[1])
+    if not d_axes:
+        return None
+    try:
+        ids_spec = logical_to_spec(("batch", "seq"), pc.rules, ids.shape, pc.sizes,
+                                   what="token ids", drop=d_axes)
+    except ConfigError:     # ids that do not split over the batch axes (e.g. a decode batch)
+        return None
+    table = constrain(v[...], spec)
+    out = jnp.take(table, constrain(ids, ids_spec), axis=0)
+    return constrain(out, P(*ids_spec, d_axes[0] if len(d_axes) == 1 else d_axes))
+
+
+def vocab_parallel_axes(shape: tuple[int, int], tokens: int) -> tuple[str, ...] | None:
+    """Mesh axes to split the LM head [D,V] (`shape`) over on its vocabulary dim for the loss,
+    or None (no context, no candidate axis of size > 1 that V divides).
+
+    Candidates: the tensor axis and the FSDP axes the model dim is stored on. Splitting over a
+    group of g devices holds a [D, V/g] head slice and its gradient (6 D V / g bytes: bf16 weight,
+    f32 gradient) and gathers the hidden states of the group's tokens per chunk (4 g D bytes per
+    device token, with their gradient); the group minimising the sum for `tokens` per-device
+    tokens per loss chunk is chosen (all of them on small meshes; a part on wide ones, where a
+    [g x tokens, D] gather would outgrow the head)."""
+    import itertools
+    pc = current()
+    if pc is None:
+        return None
+    d, v = shape
+    store = logical_to_spec(("embed", "vocab"), pc.rules, shape, pc.sizes, what="LM head")
+    cands = tuple(dict.fromkeys(_spec_axes(store[1]) + _spec_axes(store[0])))
+    best, best_cost = None, 6 * d * v + 4 * tokens * d
+    for r in range(1, len(cands) + 1):
+        for axes in itertools.combinations(cands, r):
+            g = pc.size(*axes)
+            cost = 6 * d * v / g + 4 * tokens * g * d
+            if v % g == 0 and cost < best_cost:
+                best, best_cost = axes, cost
+    return best
+
+
+def vocab_parallel_head(w: nnx.Variable, axes: tuple[str, ...]) -> jax.Array:
+    """The LM head [D,V] with its vocabulary split over `axes` ([D, V/n] per device): resharded
+    from storage by an all-to-all, never gathered. Logits against it are [tokens, V/n] per
+    device for all tokens of the shards (`vocab_parallel_tokens`), and the head's gradient is
+    produced (and accumulated over token chunks) as [D, V/n]: the same bytes per device as the
+    batch-split logits of a gathered head, without a full-size [D,V] weight or gradient."""
+    return constrain(w[...], P(None, axes[0] if len(axes) == 1 else axes))
+
+
+def vocab_parallel_tokens(x: jax.Array, axes: tuple[str, ...], vocab_last: bool = False):
+    """x [B,t,...] with its batch/seq split kept except over `axes` (gathered there); with
+    vocab_last the last dim (logits' vocabulary) is split over `axes`."""
+    pc = current()
+    spec = tuple(logical_to_spec(("batch", "seq"), pc.rules, x.shape[:2], pc.sizes,
+                                 what="LM-head tokens", drop=axes))
+    rest = [None] * (x.ndim - 2)
+    if vocab_last:
+        rest[-1] = axes[0] if len(axes) == 1 else axes
+    return constrain(x, P(*spec, *rest))
+
+
 def _key_name(k) -> str:
     for attr in ("key", "name", "idx"):
         if hasattr(k, attr):
@@ -235,5 +332,6 @@ def check_batch(shape, pc: ParallelContext, what: str = "batch"):
 
 __all__ = ["CPAttention", "ParallelContext", "activate", "current", "shard", "constrain",
            "state_shardings", "shardings_like_params", "gather_for_compute", "compute_value",
+           "lookup_on_shards", "constrain_like_params", "vocab_parallel_axes", "vocab_parallel_head", "vocab_parallel_tokens",
            "sharding_plan",
            "param_spec", "ConfigError"]

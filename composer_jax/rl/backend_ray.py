@@ -114,6 +114,9 @@ class _InferenceActor:
     def version(self) -> int:
         return self.svc.version()
 
+    def pin(self, version: int) -> None:
+        self.svc.pin(version)
+
     def stop(self) -> None:
         self.svc.stop()
 
@@ -147,6 +150,7 @@ class RayInference:
         self._version, self._incarnation = -1, None
         self._down_since: float | None = None
         self._next_poll = 0.0
+        self._pinned: int | None = None
         self.restarts = 0
         self.events: list[tuple[float, float]] = []
 
@@ -173,14 +177,28 @@ class RayInference:
                 self._down_since = time.time()
             self._next_poll = now + self.POLL_DOWN_S
             return self._version
-        if inc != self._incarnation:
+        restarted = inc != self._incarnation
+        if restarted:
             down = self._down_since if self._down_since is not None else time.time()
             self.restarts += 1
             self.events.append((down, time.time() - down))
             print(f"warning: the inference actor restarted (version {version}, "
                   f"{time.time() - down:.1f}s after it was seen down)", file=sys.stderr)
         self._down_since, self._version, self._incarnation = None, version, inc
+        if restarted and self._pinned is not None:
+            self.pin(self._pinned)
         return version
+
+    def pin(self, version: int) -> None:
+        """Serve exactly `version` (rl/schedule.py); remembered, and pinned again on a restarted
+        actor (which first loads the newest version: an episode started in between samples with
+        that one, so `rl.schedule=reproducible` is not bit-reproducible across such a restart)."""
+        self._pinned = version
+        try:
+            self._ray.get(self.actor.pin.remote(version), timeout=30)
+        except Exception:  # noqa: BLE001 - down: pinned again once it is back (`version`)
+            if self._down_since is None:
+                self._down_since = time.time()
 
     def stats(self) -> dict:
         try:

@@ -69,6 +69,15 @@ class RLCheckpointer:
                                   + "; ".join(errors))
         return None
 
+    def restore(self, step: int, template):
+        """The trainer state of checkpoint `step` (e.g. 0, the starting policy)."""
+        import jax
+        ocp = self._ocp
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        out = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract)))
+        return out["state"]
+
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()

@@ -43,12 +43,16 @@ from composer_jax.agent.rollout import Rollout, atomic_write_bytes
 from composer_jax.errors import ConfigError
 from composer_jax.rl.admission import AdmissionControl
 from composer_jax.rl.backend import Backend, make_backend
+from composer_jax.rl.baseline import finish_baseline, resubmit_lost_baseline
 from composer_jax.rl.evaluators import CheckpointEvaluator, EvaluatorService
+from composer_jax.rl.health import HealthMonitor, health_warnings
 from composer_jax.rl.jobs import EVAL, Job
 from composer_jax.rl.program import ProgramSpec, build_program
+from composer_jax.rl.schedule import ReproducibleScheduler
 from composer_jax.rl.settings import DriverSettings, settings_from_config  # noqa: F401  (old path)
 from composer_jax.rl.stream import RolloutLog, RolloutStream, group_name
 from composer_jax.rl.trainer import TrainerService, TrainerStart
+from composer_jax.runlog import read_metrics
 
 
 def task_for_group(tasks: list[str], index: int, seed: int) -> str:
@@ -180,13 +184,17 @@ class _Metrics:
         self.writer = MetricsWriter(workdir, resume_from=resume_from)
         self.lock = threading.Lock()
         self.last: dict = {}
-        kept = [r for r in read_metrics(workdir) if "reward_mean" in r]
+        rows = read_metrics(workdir)
+        kept = [r for r in rows if "reward_mean" in r]
         self.train: dict = kept[-1] if kept else {}
         self.train_step: int = int(self.train.get("step", 0))
+        self.health = HealthMonitor([r for r in rows if int(r.get("step", 0)) <= resume_from])
 
     def __call__(self, step: int, row: dict) -> None:
         with self.lock:
             self.writer.write(step, row)
+            for w in self.health.check(step, row):      # rl/health.py: one line each
+                print(w, file=sys.stderr)
             self.last.update(row)
             if "reward_mean" in row:
                 self.train, self.train_step = dict(row), max(self.train_step, int(step))
@@ -226,6 +234,8 @@ class RLRun:
         self.admission.started = self.start.started
         self.admission.release_to(self.start.dropped)
         self.admission.advance(self.start.version)
+        self.repro = (ReproducibleScheduler(self, workdir / "policy_versions")   # rl/schedule.py
+                      if settings.schedule == "reproducible" else None)
         self.t_start, self.put_at_start = time.monotonic(), self.stream.num_put
         self._start_services(program, store, eval_fn, backend)
 
@@ -244,20 +254,28 @@ class RLRun:
                                                  settings.steps)
         self.inference = None
         self.trainer = TrainerService(
-            self.learner, self.stream, store, self.log, self,
+            self.learner, self.stream, self.repro.trainer_store(store) if self.repro else store,
+            self.log, self,
             TrainerStart(st.state, st.version, frozenset(st.consumed), st.dropped),
             batch_groups=settings.batch_groups, total_steps=settings.steps,
             checkpoint_every=settings.checkpoint_every, max_staleness=settings.max_staleness,
-            stale_policy=settings.stale_policy)
+            stale_policy=settings.stale_policy,
+            order=self.repro.vs.step_groups if self.repro else None)
         if not st.restored and settings.eval_every > 0:
             self.checkpoint(0, st.state, set())     # the starting policy, evaluated (WORKDIR@0)
+        if self.repro is not None and st.restored:
+            self.repro.republish(store, st.version)     # versions unfinished groups sample with
         if store.latest() != st.version:
             self.trainer.publish_current()
         self.inference = backend.make_inference(self.spec, store)
+        if self.repro is not None:
+            self.repro.pin()
         self.evaluator = EvaluatorService(self.eval_tasks if self.ckpt_eval is None else [],
                                           settings.eval_every, self.metrics,
                                           getattr(program, "eval_name", "heldout_parity"))
         self._evaluate_checkpoint(st.version, self.trainer.state)   # the starting policy
+        if st.restored:
+            resubmit_lost_baseline(self)            # killed during version 0's evaluation
         self.pool = backend.make_pool(self.spec, self.inference)
         self.bar = _progress(settings, st.version)
         self.pids_written: list[int] = []
@@ -268,6 +286,8 @@ class RLRun:
     def checkpoint(self, version: int, state, consumed_groups: set) -> None:
         self.ckpt.save(version, state, consumed_groups, self.admission.started, self.totals(),
                        dropped_groups=self.trainer.progress.dropped_groups)
+        if self.repro is not None:
+            self.repro.prune(version)
 
     def totals(self) -> dict:
         """The whole run's totals so far: the restored checkpoint's plus this segment's."""
@@ -303,7 +323,10 @@ class RLRun:
         """Admission counts the version new episodes will sample with: the trainer's, once the
         inference service has loaded it (so S = 0 is exactly synchronous), and frees the slots
         of groups the trainer dropped as too stale; held-out episodes of every eval_every-th
-        version (and the last) go to the front of the queue."""
+        version (and the last) go to the front of the queue. The reproducible schedule moves the
+        engine from version to version itself (`ReproducibleScheduler.follow`)."""
+        if self.repro is not None:
+            return self.repro.follow(p)
         v = p.version
         if v > self.admission.version and self.inference.version() >= v:
             self.admission.advance(v)
@@ -315,20 +338,29 @@ class RLRun:
 
     def evaluating(self) -> bool:
         return (self.evaluator.busy() or any(j.kind == EVAL for j in self.pending)
-                or (self.ckpt_eval is not None and self.ckpt_eval.busy()))
+                or (self.ckpt_eval is not None and self.ckpt_eval.busy())
+                or (self.repro is not None and self.repro.evaluating()))
 
     def start_groups(self) -> None:
-        """Opens new groups while admission control allows (G episodes each)."""
+        """Opens new groups while admission control allows (G episodes each); the reproducible
+        schedule opens those of the engine's version."""
         s = self.settings
+        if self.repro is not None:
+            return self.repro.start_groups()
         while self.admission.can_start() and self.admission.active < s.steps * s.batch_groups:
-            i, gid = self.next_index, group_name(self.next_index)
-            task = task_for_group(self.train_tasks, i, s.seed)
-            self.log.append_admitted(gid, task, i)
-            self.stream.open_group(gid, task)
-            self.admission.start()
-            self.pending.extend(Job(gid, k, task, job_seed(s.seed, i, k))
-                                for k in range(s.group_size))
-            self.next_index += 1
+            self.open_group(self.next_index)
+
+    def open_group(self, i: int) -> None:
+        """Starts the run's i-th group (the next index): logged, opened, its G episodes queued."""
+        s, gid = self.settings, group_name(i)
+        assert i == self.next_index, (i, self.next_index)
+        task = task_for_group(self.train_tasks, i, s.seed)
+        self.log.append_admitted(gid, task, i)
+        self.stream.open_group(gid, task)
+        self.admission.started += 1
+        self.pending.extend(Job(gid, k, task, job_seed(s.seed, i, k))
+                            for k in range(s.group_size))
+        self.next_index += 1
 
     def dispatch(self) -> None:
         for _ in range(min(self.pool.num_idle(), len(self.pending))):
@@ -363,7 +395,10 @@ class RLRun:
 
     def close(self) -> None:
         """Stops every service; a stopped run first checkpoints the version it reached (the
-        trainer finishes the step in progress and logs its row)."""
+        trainer finishes the step in progress and logs its row); version 0's held-out evaluation,
+        if running, finishes first (`rl/baseline.py`)."""
+        if self.stopped_by:
+            finish_baseline(self)
         self.trainer.stop()
         self.trainer.join(timeout=600)       # a step in progress finishes (and logs its row)
         p = self.trainer.progress
@@ -408,6 +443,7 @@ def summarize(run: RLRun) -> dict:
         "inference": run.inference_stats,
         **service_restarts(run),
         "resumed_from": run.start.version, "readmitted": run.start.readmitted,
+        "warnings": health_warnings(read_metrics(run.workdir)),    # rl/health.py
         "segment": {"elapsed_s": run.elapsed_s,
                     "rollouts_finished": run.stream.num_put - run.put_at_start,
                     "rollouts_trained": p.rollouts_trained},

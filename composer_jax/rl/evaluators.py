@@ -49,7 +49,8 @@ class EvaluatorService:
         got = self._pending.setdefault(job.eval_version, {})
         got[job.group_id] = rollout
         if len(got) == len(self.tasks):
-            rs = list(got.values())
+            rs = [got[k] for k in sorted(got)]      # task order, not arrival order: the
+                                                    # same sums, bit for bit, in every run
             res, rewards = [resolved_of(r) for r in rs], [r.total_reward for r in rs]
             rate = float(np.mean(res))
             row = {f"{self.name}_resolved_rate": rate,
@@ -85,6 +86,7 @@ class CheckpointEvaluator:
         self._queue: list[tuple[int, object]] = []
         self._cv = threading.Condition()
         self._running = False
+        self._current: int | None = None     # the version being evaluated
         self.scheduled: set[int] = set()
         self.results: dict[int, dict] = {}
         self.error: BaseException | None = None
@@ -106,13 +108,25 @@ class CheckpointEvaluator:
         with self._cv:
             return bool(self._queue) or self._running
 
+    def pending(self) -> set[int]:
+        """Versions queued or being evaluated."""
+        with self._cv:
+            return {v for v, _ in self._queue} | ({self._current} if self._running else set())
+
+    def wait(self, version: int) -> None:
+        """Blocks until `version` is evaluated (or failed); interruptible (Ctrl-C)."""
+        with self._cv:
+            while version in {v for v, _ in self._queue} or (self._running
+                                                              and self._current == version):
+                self._cv.wait(0.2)
+
     def _loop(self) -> None:
         while True:
             with self._cv:
                 while not self._queue:
                     self._cv.wait()
                 version, model = self._queue.pop(0)
-                self._running = True
+                self._running, self._current = True, version
             t0 = time.monotonic()
             try:
                 out = self.eval_fn(model, version)

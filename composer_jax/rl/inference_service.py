@@ -18,6 +18,7 @@ class InferenceService:
         self.store = store
         self.poll_s = poll_s
         self.swaps = self.poll_errors = self.poll_errors_in_row = 0
+        self.pinned: int | None = None     # the version to serve (rl/schedule.py); None: latest
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -35,7 +36,11 @@ class InferenceService:
     def refresh(self) -> bool:
         """Loads the store's latest version if it is newer than the server's."""
         v = self.store.latest()
-        if v is None or v <= getattr(self.server, "version", -1):
+        if self.pinned is not None:
+            if v is None or v < self.pinned or self.pinned == getattr(self.server, "version", -1):
+                return False
+            v = self.pinned
+        elif v is None or v <= getattr(self.server, "version", -1):
             return False
         self.server.load_from(self.store, v)     # the server reads the store in its own layout
         self.swaps += 1
@@ -64,6 +69,11 @@ class InferenceService:
             if self.poll_errors_in_row in (1, 10, 100):
                 print(f"warning: weight poll failed ({self.poll_errors_in_row} in a row, serving "
                       f"version {self.version()}): {type(e).__name__}: {e}", file=sys.stderr)
+
+    def pin(self, version: int) -> None:
+        """Serve exactly `version` from now on (loaded at once if published, else when it is)."""
+        self.pinned = version
+        self._wake.set()
 
     def wake(self) -> None:
         """A new version was published: look now instead of at the next poll (same process)."""

@@ -4,11 +4,13 @@
       train reward 0.39 (versions 1-5) -> 0.99 (versions 146-150); held-out 0.54 (v0) -> 1.00 (v150)
       checkpoint runs/rl_async/checkpoints/150 | plots runs/rl_async/plots | summary .../rl_summary.json
       metrics runs/rl_async/metrics.jsonl | TensorBoard: tensorboard --logdir runs/rl_async/tb
+      warning: held-out 0.310 at version 20 is below version 0's 0.367 (...)   (rl/health.py)
 """
 from __future__ import annotations
 
 import pathlib
 
+from composer_jax.rl.health import health_warnings
 from composer_jax.train.run_checkpoint import checkpoint_steps
 
 WINDOW = 5       # versions averaged for the first / last training reward
@@ -65,4 +67,5 @@ def end_summary(name: str, summary: dict, workdir, rows: list[dict]) -> str:
     lines.append("  " + " | ".join(where))
     lines.append(f"  metrics {workdir / 'metrics.jsonl'} | TensorBoard: tensorboard --logdir "
                  f"{workdir / 'tb'}")
+    lines += ["  " + w for w in health_warnings(rows)]
     return "\n".join(lines)

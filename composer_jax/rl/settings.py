@@ -23,12 +23,17 @@ class DriverSettings:
     seed: int = 0
     progress: bool = True
     weight_poll_s: float = 0.05
+    schedule: str = "free_running"    # "reproducible" | "free_running" (rl.schedule, rl/schedule.py;
+                                      # the config default, which launch.py runs, is reproducible)
 
     def __post_init__(self):
         if self.worker_mode not in ("thread", "process"):
             raise ConfigError(f"rl.job.worker_mode must be 'thread' or 'process', got {self.worker_mode!r}")
         if self.stale_policy not in ("drop", "keep"):
             raise ConfigError(f"rl.stale_policy must be 'drop' or 'keep', got {self.stale_policy!r}")
+        if self.schedule not in ("reproducible", "free_running"):
+            raise ConfigError(f"rl.schedule must be 'reproducible' or 'free_running', got "
+                              f"{self.schedule!r}")
         if self.backend not in ("local", "ray"):
             raise ConfigError(f"rl.job.backend must be 'local' or 'ray', got {self.backend!r}")
         for name in ("group_size", "batch_groups", "steps", "checkpoint_every", "num_workers"):
@@ -46,4 +51,4 @@ def settings_from_config(cfg, progress: bool = True) -> DriverSettings:
                           num_workers=job.num_rollout_workers, worker_mode=job.worker_mode.value,
                           backend=job.backend.value, ray_address=job.ray_address,
                           inference_resource=job.inference_resource, seed=cfg.seed,
-                          progress=progress)
+                          progress=progress, schedule=rl.schedule.value)

@@ -264,6 +264,20 @@ class RolloutStream:
                 self._cv.wait(left if left is not None else 1.0)
             return [self._ready.popitem(last=False)[1] for _ in range(n)]
 
+    def get_named(self, group_ids: list[str], timeout: float | None = None) -> list[Group] | None:
+        """Blocks until every group in `group_ids` is complete and takes them, in that order (the
+        reproducible schedule's job order); None on timeout or when the stream is closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while not all(g in self._ready for g in group_ids):
+                if self._closed:
+                    return None
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cv.wait(left if left is not None else 1.0)
+            return [self._ready.pop(g) for g in group_ids]
+
     def close(self) -> None:
         with self._cv:
             self._closed = True

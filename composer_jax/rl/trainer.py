@@ -63,15 +63,18 @@ class TrainerStart:
 class TrainerService:
     """The training loop of an RL run (module docstring): `batch_groups` groups per step until
     version `total_steps`, a checkpoint every `checkpoint_every` versions and at the last;
-    groups older than `max_staleness` (None: no bound) handled by `stale_policy`."""
+    groups older than `max_staleness` (None: no bound) handled by `stale_policy`; `order(version)`:
+    the group ids of each step, taken in that order (the reproducible schedule, rl/schedule.py)
+    instead of the first complete ones."""
 
     def __init__(self, learner: Learner, stream: RolloutStream, store, log: RolloutLog,
                  hooks: TrainerHooks, start: TrainerStart, *, batch_groups: int,
                  total_steps: int, checkpoint_every: int, max_staleness: int | None = None,
-                 stale_policy: str = "drop"):
+                 stale_policy: str = "drop", order=None):
         if stale_policy not in ("drop", "keep"):
             raise ValueError(f"stale_policy must be 'drop' or 'keep', got {stale_policy!r}")
         self.max_staleness, self.stale_policy = max_staleness, stale_policy
+        self.order = order      # version -> the group ids its step takes (reproducible schedule)
         self.learner, self.stream, self.store, self.log = learner, stream, store, log
         self.hooks = hooks
         self.batch_groups, self.total_steps = batch_groups, total_steps
@@ -168,6 +171,12 @@ class TrainerService:
         count `progress.dropped_groups` tells the driver to release its admission slot."""
         p = self.progress
         kept, dropped = [], []
+        if self.order is not None:          # rl/schedule.py: exactly these groups, in this order
+            names = self.order(p.version)
+            while (got := self.stream.get_named(names, timeout=0.5)) is None:
+                if self._stop.is_set():
+                    return None, dropped
+            return got, dropped
         while len(kept) < self.batch_groups:
             if self._stop.is_set():
                 return None, dropped

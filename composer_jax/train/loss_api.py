@@ -43,22 +43,32 @@ import jax.numpy as jnp
 from composer_jax.errors import ConfigError
 from composer_jax.model.transformer import ModelOutput, lm_logits
 from composer_jax.parallel.batch_schema import BatchSchema
-from composer_jax.parallel.sharding import compute_value, shard
+from composer_jax.parallel.sharding import (compute_value, shard, vocab_parallel_axes,
+                                            vocab_parallel_head, vocab_parallel_tokens)
 from composer_jax.train import losses
 
-# Per-device tokens per chunk of the LM-head losses (main CE, MTP, z-loss): the [tokens, V]
-# float32 logits of a chunk are the largest buffer the losses hold (at V = 163840: 1.3 GB).
+# Per-device tokens per chunk of the LM-head losses (main CE, MTP, z-loss), at most: the
+# [tokens, V] float32 logits of a chunk (and their gradient) are the largest buffers the losses
+# hold. On a mesh chunks are also cut to LOSS_CHUNK_BYTES of logits per device (64 MiB: 128
+# tokens at V = 129,280), which XLA:TPU holds about twice (logits and their gradient).
 LOSS_CHUNK_TOKENS = 2048
+LOSS_CHUNK_BYTES = 64 << 20
 
 
-def loss_chunks(batch: int, seq: int, pc=None, chunk_tokens: int = LOSS_CHUNK_TOKENS) -> int:
-    """How many token chunks the LM-head losses run in: per-device tokens / chunk_tokens, halved
-    until every chunk keeps the sequence's split over the context shards (1 = unchunked)."""
+def loss_chunks(batch: int, seq: int, pc=None, chunk_tokens: int = LOSS_CHUNK_TOKENS,
+                vocab: int | None = None, chunk_bytes: int = LOSS_CHUNK_BYTES) -> int:
+    """How many token chunks the LM-head losses run in: halved until a chunk holds at most
+    chunk_tokens per-device tokens (at least half that) and, with `vocab`, at most chunk_bytes
+    of float32 logits per device, as long as every chunk keeps the sequence's split over the
+    context shards (1 = unchunked)."""
     b_shards = pc.size(*pc.axes_of("batch")) if pc is not None else 1
     t_shards = pc.size(*pc.axes_of("seq")) if pc is not None else 1
     per_device = max(batch // b_shards, 1) * max(seq // t_shards, 1)
     n = 1
-    while per_device // (2 * n) >= chunk_tokens and seq % (2 * n * t_shards) == 0:
+    while seq % (2 * n * t_shards) == 0 and (
+            per_device // (2 * n) >= chunk_tokens
+            or (vocab is not None and (per_device // n) * vocab * 4 > chunk_bytes
+                and per_device // n > 1)):
         n *= 2
     return n
 
@@ -99,17 +109,40 @@ class LossContext:
         self.outputs.append(out)
         return out
 
+    def vocab_axes(self) -> tuple[str, ...] | None:
+        """Mesh axes the loss splits the LM head's vocabulary over (None: one device, or the
+        head gathered whole); see `sharding.vocab_parallel_axes`."""
+        if self.pc is None:
+            return None
+        m, d = self.cfg.model, self.cfg.data
+        rows = d.global_batch_size // max(self.cfg.train.microbatches, 1)
+        n = self.n_chunks(rows, d.seq_len)
+        tokens = max(rows // self.pc.size(*self.pc.axes_of("batch")), 1) * max(
+            d.seq_len // self.pc.size(*self.pc.axes_of("seq")), 1) // n
+        return vocab_parallel_axes((m.hidden_size, m.vocab_size), max(tokens, 1))
+
     def lm_head(self, model) -> jax.Array:
-        """The LM head weight [D,V] in its compute layout (pass it as a `shared` operand)."""
-        return compute_value(model.lm_head)
+        """The LM head weight [D,V] as the loss reads it (pass it as a `shared` operand): on a
+        mesh with its vocabulary split (`vocab_parallel_head`: its gradient is produced split,
+        never full-size), else in its compute layout."""
+        axes = self.vocab_axes()
+        if axes is None:
+            return compute_value(model.lm_head)
+        return vocab_parallel_head(model.lm_head, axes)
 
     def logits(self, h: jax.Array, w: jax.Array) -> jax.Array:
-        """Normed hidden [B,t,D] @ head [D,V] in the compute dtype -> f32 logits [B,t,V]."""
+        """Normed hidden [B,t,D] @ head [D,V] in the compute dtype -> f32 logits [B,t,V]
+        (vocabulary-split on a mesh: `lm_head`)."""
         dtype = jnp.dtype(self.cfg.execution.compute_dtype.value)
-        return shard(lm_logits(h, w, dtype), ("batch", "seq", "act_vocab"))
+        axes = self.vocab_axes()
+        if axes is None:
+            return shard(lm_logits(h, w, dtype), ("batch", "seq", "act_vocab"))
+        h = vocab_parallel_tokens(h, axes)
+        return vocab_parallel_tokens(lm_logits(h, w, dtype), axes, vocab_last=True)
 
     def n_chunks(self, b: int, t: int) -> int:
-        return loss_chunks(b, t, self.pc, self.chunk_tokens)
+        return loss_chunks(b, t, self.pc, self.chunk_tokens,
+                           None if self.pc is None else self.cfg.model.vocab_size)
 
     def chunked_sum(self, fn: Callable, chunked: tuple, shared: tuple = ()):
         """sum over token chunks of fn(*chunk(chunked), *shared): chunked arrays are [B,T,...],

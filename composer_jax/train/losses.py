@@ -13,11 +13,19 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def picked_logit(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """logits[..., targets] of logits [..., V] and int targets [...], as a masked sum over V:
+    exact (one non-zero term), an elementwise pass XLA fuses into the logsumexp's, and on a
+    vocabulary split over devices a partial sum per shard (a gather along a split vocabulary
+    would make GSPMD gather the logits, and its gradient scatters into a [..., V] buffer)."""
+    hit = jnp.arange(logits.shape[-1], dtype=jnp.int32) == targets[..., None].astype(jnp.int32)
+    return jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
+
+
 def cross_entropy_sum(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
     """sum_{b,t} mask * -log softmax(logits)[targets]. logits [..., V] f32, targets/mask [...]."""
     logz = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return jnp.sum((logz - picked) * mask)
+    return jnp.sum((logz - picked_logit(logits, targets)) * mask)
 
 
 def z_loss_sum(logits: jax.Array, mask: jax.Array) -> jax.Array:
@@ -105,15 +113,13 @@ def map_over_token_chunks(fn, n_chunks: int, chunked: tuple, shared: tuple = ())
 
 def target_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """log softmax(logits)[targets] of f32 logits [..., V] and int targets [...] -> [...]."""
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return picked - logz
+    return picked_logit(logits, targets) - jax.nn.logsumexp(logits, axis=-1)
 
 
 def ce_and_z_sums(logits: jax.Array, targets: jax.Array, mask: jax.Array):
     """(sum mask * CE, sum mask * logsumexp^2) of f32 logits [..., V]; one logsumexp for both."""
     logz = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    picked = picked_logit(logits, targets)
     return jnp.sum((logz - picked) * mask), jnp.sum(jnp.square(logz) * mask)
 
 

@@ -182,12 +182,14 @@ def compile_plan(cfg, mesh, target: dict | None, dump_dir: str | None = None) ->
     hlo = compiled.as_text()
     total = mem.pop("total")
     coll, top_coll = collective_stats(hlo)
-    peak = []
+    peak, temps = [], []
     if dump_dir:
         found = glob.glob(os.path.join(dump_dir, f"*{STEP_MODULE_RE}*live-range.txt"))
         if found:
             with open(found[0]) as f:
                 peak = peak_buffers(f.read(), hlo)
+        from composer_jax.parallel.memory_report import temporaries_from_dump
+        temps = temporaries_from_dump(dump_dir, STEP_MODULE_RE, hlo)
     out = {
         "mesh": pc.sizes, "rules": pc.rules.name, "num_devices": n_dev,
         "microbatches": cfg.train.microbatches,
@@ -198,6 +200,7 @@ def compile_plan(cfg, mesh, target: dict | None, dump_dir: str | None = None) ->
                              "total": total},
         "memory_analysis": mem,
         "largest_buffers": peak,
+        "largest_temporaries": temps,
         "collective_bytes_per_step": coll,
         "largest_collectives": top_coll,
         "compile_seconds": compile_s,

@@ -27,7 +27,7 @@ from composer_jax.model import router as router_lib
 from composer_jax.model.transformer import Transformer
 from composer_jax.parallel import api
 from composer_jax.parallel import context_parallel as cp_lib
-from composer_jax.parallel.sharding import context_from_config, shard
+from composer_jax.parallel.sharding import constrain_like_params, context_from_config, shard
 from composer_jax.train.loss_api import LOSS_CHUNK_TOKENS, LossContext, LossSpec, get_loss
 from composer_jax.train.optimizers import make_optimizer
 from composer_jax.train.placement import Placement
@@ -230,17 +230,28 @@ def make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg: Config, 
             mb, key = xs
             key = key if cfg.execution.precision.value == "nvfp4" else None
             (loss, aux), g = grad_fn(state.params, state.buffers, mb, denoms, key)
+            g = constrain_like_params(g, abstract_params)
             acc_g, acc = carry
             acc_g = jax.tree.map(jnp.add, acc_g, g)
             acc = _accumulate_aux(acc, {"loss": loss, **aux}, spec.max_aux)
             return (acc_g, acc), None
 
-        zeros_g = jax.tree.map(jnp.zeros_like, state.params)
-        _, aux_shape = jax.eval_shape(objective, state.params, state.buffers,
-                                      jax.tree.map(lambda x: x[0], split), denoms)
-        zeros_acc = _aux_identity({"loss": jax.ShapeDtypeStruct((), jnp.float32), **aux_shape},
-                                  spec.max_aux)
-        (grads, acc), _ = jax.lax.scan(accumulate, (zeros_g, zeros_acc), (split, mb_keys))
+        if micro == 1:
+            # one microbatch: no accumulation loop (a loop carried a zero-initialised gradient
+            # the size of the parameters and kept XLA from freeing the backward's buffers
+            # before the optimizer update)
+            key = mb_keys[0] if cfg.execution.precision.value == "nvfp4" else None
+            (loss, aux), grads = grad_fn(state.params, state.buffers,
+                                         jax.tree.map(lambda x: x[0], split), denoms, key)
+            acc = {"loss": loss, **aux}
+        else:
+            zeros_g = jax.tree.map(jnp.zeros_like, state.params)
+            _, aux_shape = jax.eval_shape(objective, state.params, state.buffers,
+                                          jax.tree.map(lambda x: x[0], split), denoms)
+            zeros_acc = _aux_identity({"loss": jax.ShapeDtypeStruct((), jnp.float32),
+                                       **aux_shape}, spec.max_aux)
+            (grads, acc), _ = jax.lax.scan(accumulate, (zeros_g, zeros_acc), (split, mb_keys))
+        grads = constrain_like_params(grads, abstract_params)
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(acc["loss"]) & jnp.isfinite(grad_norm)
         updates, new_opt = tx.update(grads, state.opt_state, state.params)

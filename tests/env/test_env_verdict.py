@@ -175,13 +175,22 @@ def test_count_equal_counts_linearly():
 
 
 def test_parent_evaluation_runs_bounded_in_its_own_process():
+    import json
     ok = bounded.judge_output("@@CJ_OBS@@n:" + '{"id": "t.A.x", "status": "pass", "obs": []}\n'
                               "@@CJ_OBS@@n:{\"done\": true}\n", "n", {}, ["t.A.x", "t.A.y"])
     assert ok["finished"] and ok["verdicts"]["t.A.x"][0] and not ok["verdicts"]["t.A.y"][0]
     deep = "@@CJ_OBS@@n:" + "[" * 100_000 + "\n"
     assert not bounded.judge_output(deep, "n", {}, ["t"])["finished"]
+    # even a reference's own pattern may backtrack on what the child wrote: the evaluator is
+    # killed at its deadline, and the next request gets a fresh one
+    ref = reference_summary({"status": "pass", "obs": [_obs("assertRegex", "aa", "(a+)+$")]})
+    slow = ("@@CJ_OBS@@n:" + json.dumps({"id": "t", "status": "pass", "obs": [
+        _obs("assertRegex", "a" * 40 + "!", "(a+)+$")]}) + "\n")
+    t = time.monotonic()
     with pytest.raises(bounded.EvaluationOverrun, match="longer than"):
-        bounded.judge_output("@@CJ_OBS@@n:x\n" * 10, "n", {}, ["t"], timeout_s=0.001)
+        bounded.judge_output(slow, "n", {"t": ref}, ["t"], timeout_s=1.0)
+    assert time.monotonic() - t < 5
+    assert bounded.judge_output(deep, "n", {}, ["t"])["finished"] is False
     with pytest.raises(bounded.EvaluationOverrun, match="memory"):
         bounded.judge_output("x" * (64 << 20), "n", {}, ["t"], memory_bytes=64 << 20)
 

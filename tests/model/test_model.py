@@ -246,13 +246,40 @@ def test_plain_q_projection_when_q_lora_is_zero():
     assert _fwd(model, _tokens(cfg)).logits.shape[-1] == cfg.vocab_size
 
 
+NAMED_REMAT = ("full", "minimal", "minimal_with_context", "save_dot_except_mlp",
+               "save_dot_except_mlpwi", "save_qkv_proj", "save_out_proj")
+
+
 def test_remat_policies_give_same_gradients():
     tokens = _tokens(tiny())
     base = _loss_and_grads(init_model(tiny()), tokens)[1]
-    for policy in ("full",):
+    for policy in NAMED_REMAT:
         g = _loss_and_grads(init_model(tiny(), 0, ExecutionConfig(remat=policy)), tokens)[1]
         for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(g)):
             np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def _residual_bytes(policy, tokens):
+    from jax._src.ad_checkpoint import saved_residuals
+    model = init_model(tiny(), 0, ExecutionConfig(remat=policy))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(p):
+        return jnp.mean(nnx.merge(graphdef, p, rest)(tokens).logits)
+    return sum(a.size * a.dtype.itemsize for a, _ in saved_residuals(loss, params))
+
+
+def test_named_remat_policies_save_what_they_name():
+    tokens = _tokens(tiny())
+    got = {p: _residual_bytes(p, tokens) for p in ("none",) + NAMED_REMAT}
+    # each named policy keeps more than recomputing everything and less than keeping everything,
+    # and a policy naming a superset of another's tags keeps more
+    for p in NAMED_REMAT[1:]:
+        assert got["full"] < got[p] < got["none"], got
+    # (the FFN down output of this tiny model is no extra residual: mlpwi adds nothing)
+    assert (got["save_qkv_proj"] < got["save_dot_except_mlp"] <= got["save_dot_except_mlpwi"]
+            < got["minimal"] < got["minimal_with_context"]), sorted(got.items())
+    assert got["save_out_proj"] < got["save_dot_except_mlp"], sorted(got.items())
 
 
 def test_blocked_attention_equals_full_attention_with_packing():

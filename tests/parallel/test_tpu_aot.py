@@ -53,6 +53,17 @@ def test_tpu_aot_train_step_compiles_for_v5e(v5e_dry_run):
     assert 0 < pdb["total"] < 2**30 and pdb["activations"] == mem["temp_size_in_bytes"] > 0
     assert sum(r["collective_bytes_per_step"].values()) > 0     # fsdp gathers and reductions
     assert "compiled by XLA:TPU for v5e:2x2" in out and "fits" in out
+    # the per-buffer report: XLA:TPU's largest temporaries, each with its op, shape and source
+    temps = r["largest_temporaries"]
+    assert len(temps) >= 5 and "largest temporaries" in out
+    assert all(t["bytes"] > 0 and t["op"] and "[" in t["shape"] for t in temps)
+    assert temps[0]["bytes"] == max(t["bytes"] for t in temps)
+    assert temps[0]["bytes"] <= pdb["activations"]
+    assert any(t["source"].startswith(("model/", "train/")) for t in temps)
+    # no device holds a full-size [V, D] (or [D, V]) embedding / LM-head gradient or weight
+    v, d = r["config"]["vocab_size"], r["config"]["hidden_size"]
+    full = {f"f32[{v},{d}]", f"f32[{d},{v}]", f"bf16[{v},{d}]", f"bf16[{d},{v}]"}
+    assert not [t for t in temps if t["shape"] in full], temps
 
 
 @needs_libtpu

@@ -151,9 +151,9 @@ def test_completion_fields_round_trip():
 
 
 def test_readme_example_is_the_module_and_runs(tmp_path):
-    """README "Adding an RL task": its code block is examples/rl_task_letter.py, and the command
+    """docs/rl.md "Adding an RL task": its code block is examples/rl_task_letter.py, and the command
     it gives finishes and logs reward."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "rl.md").read_text()
     section = readme.split("### Adding an RL task", 1)[1]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert block == (ROOT / "examples" / "rl_task_letter.py").read_text()

@@ -76,3 +76,14 @@ def test_loss_chunks_keep_sequence_shards_whole():
     assert loss_chunks(1, 24, None, chunk_tokens=1) == 8        # 24 = 8 chunks of 3, not 16
     with pytest.raises(ValueError, match="do not split"):
         losses.token_chunks(jnp.zeros((1, 10, 2)), 4)
+
+
+def test_loss_chunks_cap_logits_bytes_with_a_vocabulary():
+    # 1024 tokens x 129,280 x 4 B = 505 MiB of logits: cut to 128-token chunks of 63 MiB
+    assert loss_chunks(4, 256, None, chunk_tokens=2048, vocab=129280) == 8
+    # 512 x 32,768 x 4 B is exactly 64 MiB: two chunks
+    assert loss_chunks(4, 256, None, chunk_tokens=2048, vocab=32768) == 2
+    # without a vocabulary (one device: the fused head) only the token cut applies
+    assert loss_chunks(4, 256, None, chunk_tokens=2048) == 1
+    # the sequence split still bounds the cut: 24 tokens split at most 8 ways
+    assert loss_chunks(1, 24, None, chunk_tokens=2048, vocab=10**9) == 8

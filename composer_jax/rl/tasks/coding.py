@@ -5,8 +5,9 @@ valid/invalid tool calls, the concave effort penalty, communication, out-of-scop
 claims, tampering).
 
 - `prepare(cfg)` (driver, once): the task pool (env.pool_dir, else a cached pool generated from
-  cfg.env), the initial policy (rl.task.init_from, else the repository's `sft` experiment run on
-  that pool, cached) and the run's model (the policy's architecture).
+  cfg.env), the initial policy (rl.task.init_from or train.init_from; `experiments/rl.py` runs the
+  repository's `sft` experiment on that pool, cached, when neither is set) and the run's model
+  (the policy's architecture).
 - env side: the pool's training tasks (`split == "train"`); an episode opens a copy-on-write
   sandbox over the task's snapshot and runs the agent, whose engine is an `EngineClient` of the
   policy server (in process, over a pipe or through Ray).
@@ -29,7 +30,6 @@ import sys
 from composer_jax.agent.policy_client import EngineClient
 from composer_jax.agent.tasks import TaskFamily
 from composer_jax.agent.token_agent import AgentConfig, SeededTurns, TokenAgent
-from composer_jax.config import to_dict
 from composer_jax.config.data import resolved_cache_dir
 from composer_jax.config.rl import CodingTaskConfig
 from composer_jax.data.tokenizer import load_tokenizer
@@ -134,17 +134,20 @@ class CodingFamily(TaskFamily):
     @classmethod
     def prepare(cls, cfg):
         """Resolves the pool (env.pool_dir), the initial policy (rl.task.init_from, else the run of
-        train.init_from, else the cached `sft` run) and the run's model (its architecture)."""
+        train.init_from; the RL experiment gives it the cached `sft` run when neither is set) and
+        the run's model (its architecture)."""
         pool = ensure_pool(cfg)
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, pool_dir=str(pool)))
         if cfg.train.init_from and not cfg.rl.task.init_from:   # the run's tokenizer and model
             run_dir, _ = parse_run_source(cfg.train.init_from)
             task = dataclasses.replace(cfg.rl.task, init_from=str(run_dir))
             cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=task))
-        init = ensure_sft_policy(cfg, pool)
-        task = dataclasses.replace(cfg.rl.task, init_from=str(init))
-        cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=task))
-        return dataclasses.replace(run_config(init, cfg), seed=cfg.seed)
+        if not cfg.rl.task.init_from:
+            raise ConfigError("rl.task=coding needs an initial policy: rl.task.init_from or "
+                              "train.init_from (a run's workdir); `--experiment=rl_async` builds "
+                              "one with the `sft` experiment on the task pool")
+        return dataclasses.replace(run_config(pathlib.Path(cfg.rl.task.init_from), cfg),
+                                   seed=cfg.seed)
 
 
 def _cache(cfg) -> pathlib.Path:
@@ -167,28 +170,4 @@ def ensure_pool(cfg) -> pathlib.Path:
         print(f"rl.task=coding: generating the task pool ({e.num_tasks} tasks) in {d}",
               file=sys.stderr)
         generate_pool(e, d, progress=True)
-    return d
-
-
-def ensure_sft_policy(cfg, pool: pathlib.Path) -> pathlib.Path:
-    """The initial policy: rl.task.init_from, else the `sft` experiment run on `pool` (cached by
-    pool manifest and SFT settings; built on first use: a few minutes on CPU)."""
-    if cfg.rl.task.init_from:
-        return pathlib.Path(cfg.rl.task.init_from)
-    # deferred: the `sft` experiment sits above rl (registry -> experiments); a climb up the layers
-    from composer_jax import registry
-    from composer_jax.api import save_config  # deferred with registry (above)
-    exp = registry.get("sft")
-    sft = exp.make_config()
-    sft = dataclasses.replace(sft, data=dataclasses.replace(sft.data, sft_pool=str(pool),
-                                                            cache_dir=cfg.data.cache_dir),
-                              env=cfg.env, seed=cfg.seed)
-    manifest = (pool / "manifest.json").read_text() if (pool / "manifest.json").exists() else ""
-    d = _cache(cfg) / "rl_sft" / _key(to_dict(sft), manifest)
-    if not (d / "checkpoints" / str(sft.train.steps)).exists():     # missing or unfinished: (re)run
-        print(f"rl.task=coding: building the initial policy (the `sft` experiment) in {d}",
-              file=sys.stderr)
-        d.mkdir(parents=True, exist_ok=True)
-        save_config(sft, d / "config.json")
-        exp.run(sft, d)
     return d
