@@ -7,6 +7,10 @@ found in /proc among the rollout workers' descendants: `env.sandbox.running_sand
     PYTHONPATH=$PWD python benchmarks/chaos_bench.py --out benchmarks/results/chaos_bench.txt
     PYTHONPATH=$PWD python benchmarks/chaos_bench.py --family coding \
         --out benchmarks/results/chaos_bench_coding.txt
+    PYTHONPATH=$PWD python benchmarks/chaos_bench.py --ray_nodes 3 --every 30 --steps 40 \
+        --batch-groups 1 --out benchmarks/results/chaos_nodes.txt
+
+`--ray_nodes N`: whole Ray nodes are lost instead (benchmarks/chaos_nodes.py).
 
 Reports: rollouts finished, error rollouts (with their reasons: an episode interrupted
 `rl.jobs.MAX_RESUMES` times in a row without a new turn checkpointed is given up), worker deaths,
@@ -316,7 +320,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--ray_nodes", type=int, default=0,
+                    help="> 1: node-loss chaos on a local Ray cluster of this many nodes "
+                         "(benchmarks/chaos_nodes.py; --every: seconds between node losses)")
     a = ap.parse_args(argv)
+    if a.ray_nodes:
+        if a.ray_nodes < 2 or a.family != "lookup":
+            ap.error("--ray_nodes needs at least 2 nodes (a head and one to lose) and the "
+                     "lookup family")
+        import chaos_nodes
+        return chaos_nodes.main(a, list(argv if argv is not None else sys.argv[1:]))
     import faulthandler
     faulthandler.register(signal.SIGUSR1)       # kill -USR1 PID: every thread's stack
 

@@ -238,9 +238,11 @@ class JobConfig:
     ray_address "" starts a local cluster); worker_mode: local rollout workers as threads or
     JAX-free processes; num_rollout_workers: concurrent episodes; checkpoint_every: trainer state
     + consumed rollout ids every N versions; eval_every: held-out evaluation every N versions
-    (0 = off)."""
+    (0 = off); inference_resource: with backend ray, the inference actor runs (and is restarted)
+    only on nodes started with that custom resource (`ray start --resources='{"NAME": 1}'`)."""
     backend: RLBackend = RLBackend.LOCAL
     ray_address: str = ""
+    inference_resource: str = ""
     worker_mode: WorkerMode = WorkerMode.THREAD
     num_rollout_workers: int = 8
     checkpoint_every: int = 5

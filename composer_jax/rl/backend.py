@@ -6,7 +6,8 @@ server plus its weight poller) and the rollout worker pool, and cleans up what i
     LocalBackend   one machine: in-process store, inference in the driver process, rollout workers
                    as threads or JAX-free processes (`rl/backend_local.py`)
     RayBackend     the same services as Ray actors, weights through Ray's object store
-                   (`rl/backend_ray.py`; address "" starts a local cluster, shut down at the end)
+                   (`rl/backend_ray.py`, `rl/ray_pool.py`; address "" starts a local cluster,
+                   shut down at the end); services restarted on live nodes when theirs is lost
 
 The trainer always runs in the driver process (one SPMD JAX program).
 """
@@ -15,9 +16,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from composer_jax.rl.backend_local import ProcessPool, ThreadPool
-from composer_jax.rl.backend_ray import RayInference, RayPool, init_ray, make_ray_store
+from composer_jax.rl.backend_ray import RayInference, _ray, init_ray, make_ray_store
 from composer_jax.rl.inference_service import InferenceService
 from composer_jax.rl.program import ProgramSpec, build_program
+from composer_jax.rl.ray_pool import RayPool
 from composer_jax.rl.settings import DriverSettings
 from composer_jax.rl.weights import MemoryTransport, WeightStore
 
@@ -60,10 +62,12 @@ class RayBackend:
 
     def __init__(self, settings: DriverSettings):
         self.settings = settings
+        self.store = None
 
     def make_store(self, sync_settings):
         init_ray(self.settings.ray_address)
-        return make_ray_store(sync_settings)
+        self.store = make_ray_store(sync_settings)
+        return self.store
 
     def make_inference(self, spec: ProgramSpec, store):
         return _started(RayInference(spec, store, self.settings))
@@ -72,9 +76,10 @@ class RayBackend:
         return RayPool(spec, inference, self.settings.num_workers)
 
     def shutdown(self) -> None:
+        if self.store is not None:
+            self.store.transport.close()         # its index keeper thread
         if not self.settings.ray_address:        # the local cluster this run started
-            import ray
-            ray.shutdown()
+            _ray().shutdown()
 
 
 def make_backend(settings: DriverSettings) -> Backend:

@@ -1,43 +1,47 @@
-"""The Ray backend (`rl.job.backend=ray`): the same services as Ray actors.
+"""The Ray backend (`rl.job.backend=ray`): the same services as Ray actors, built to outlive
+their nodes (docs/rl_cluster.md, "What survives what").
 
 - `init_ray(address)`: "" starts a local Ray cluster inside the run (CI, a laptop); an address
   (`rl.job.ray_address=HOST:PORT` or "auto") joins an existing cluster. Workers find this code through
-  PYTHONPATH (set from the driver's sys.path for a local cluster; on a real cluster install the
-  package on every node: `pip install -e .`).
-- Weights travel through Ray's object store (`rl.weights.ray_transport.RayTransport`): the trainer
-  (in the driver process: it is one SPMD JAX program, multi-host through `jax.distributed`, not a
-  Ray actor) publishes; the inference actor reads with its own reader and swaps in flight.
+  PYTHONPATH (set from the driver's sys.path; on a real cluster install the package on every
+  node: `pip install -e .`). Ray 2.60 token authentication: RAY_AUTH_MODE (and RAY_AUTH_TOKEN /
+  RAY_AUTH_TOKEN_PATH) are passed on to the actors like the JAX variables.
+- Weights travel through Ray's object store (`rl.weights.ray_transport.RayTransport`,
+  `mirror=True`): the trainer (in the driver process: it is one SPMD JAX program, multi-host
+  through `jax.distributed`, not a Ray actor) publishes and owns the chunks and a copy of the
+  index, so a restarted index actor is refilled from it; the inference actor reads with its own
+  reader and swaps in flight.
 - `RayInference`: the inference service (`services.InferenceService`) inside one threaded actor
-  (`max_concurrency` = rollout workers + 4), so many episodes share one engine.
-- `RayPool`: rollout workers as actors (`num_cpus=0`, no JAX unless the program's env side needs
-  it); each runs one episode at a time and reaches the policy through the inference actor. A worker
-  that dies (its process killed, its node lost) surfaces as `RayActorError`: its episode goes back
-  to the driver to run again and a new actor takes its slot.
+  (`max_concurrency` = rollout workers + 4), so many episodes share one engine. Ray restarts it
+  on a live node when its node dies (`max_restarts=-1`; with `rl.job.inference_resource=NAME`
+  only on nodes started with `--resources='{"NAME": 1}'`); the new actor loads the newest
+  published version before it answers. Episodes whose policy calls failed wait until it is back
+  and resume from their last turn checkpoint (`jobs.run_job`).
+- Rollout workers: `rl/ray_pool.py` (the driver replaces a dead worker and re-runs its episode
+  from its checkpoint).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import sys
-import tempfile
+import time
 import uuid
 
-from composer_jax.agent.episode_checkpoint import CheckpointStore, EpisodeCheckpoint
-from composer_jax.rl.program import ProgramSpec, build_program
-from composer_jax.rl.rollout import Rollout
+from composer_jax.errors import ConfigError
 from composer_jax.rl.inference_service import InferenceService
-from composer_jax.rl.jobs import Job, run_job
+from composer_jax.rl.program import ProgramSpec, build_program
 
 NAMESPACE = "composer_jax"
-_ENV_VARS = ("JAX_PLATFORMS", "XLA_FLAGS", "COMPOSER_JAX_CACHE", "JAX_DEFAULT_MATMUL_PRECISION")
+_ENV_VARS = ("JAX_PLATFORMS", "XLA_FLAGS", "COMPOSER_JAX_CACHE", "JAX_DEFAULT_MATMUL_PRECISION",
+             "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+BACK_TIMEOUT_S = 900.0         # how long a policy call waits for a restarting inference actor
 
 
 def _ray():
     try:
         import ray
     except ImportError as e:
-        from composer_jax.errors import ConfigError
         raise ConfigError("rl.job.backend=ray needs the `ray` package (pinned in requirements.txt: "
                           "pip install -r requirements.txt)") from e
     return ray
@@ -63,10 +67,12 @@ class RayStoreHandle:
     name: str
     settings: object          # rl.weights.WeightSyncSettings
 
-    def open(self, reader_name: str | None = None):
+    def open(self, reader_name: str | None = None, mirror: bool = False):
+        """A store over the named index; `mirror=True` only in the publishing process (it owns
+        the chunks and keeps the copy a restarted index is refilled from)."""
         from composer_jax.rl.weights import WeightStore
         from composer_jax.rl.weights.ray_transport import RayTransport
-        store = WeightStore(RayTransport(self.name, NAMESPACE), self.settings,
+        store = WeightStore(RayTransport(self.name, NAMESPACE, mirror=mirror), self.settings,
                             reader_name=reader_name)
         store.ray_handle = self
         return store
@@ -74,25 +80,36 @@ class RayStoreHandle:
 
 def make_ray_store(settings):
     """The trainer-side store of a new run (Ray must be initialised)."""
-    return RayStoreHandle(f"composer_jax_weights_{uuid.uuid4().hex[:12]}", settings).open()
+    return RayStoreHandle(f"composer_jax_weights_{uuid.uuid4().hex[:12]}", settings).open(
+        mirror=True)
 
 
 class _InferenceActor:
+    """Builds the policy server, loads the newest published version and starts the poller: on
+    its first start and on every restart after its node died."""
+
     def __init__(self, factory: str, kwargs: dict, handle: RayStoreHandle, poll_s: float):
         program = build_program(ProgramSpec(factory, kwargs))
         self.svc = InferenceService(program, handle.open("inference"), poll_s)
+        self.svc.wait_for_weights()
+        self.svc.start()
+        self.incarnation = uuid.uuid4().hex
 
     def wait_for_weights(self) -> int:
-        return self.svc.wait_for_weights()
+        return self.svc.server.version
 
     def start(self) -> None:
-        self.svc.start()
+        """Started in __init__ (so a restarted actor serves without the driver)."""
 
     def rpc(self, method, args, kwargs):
         return self.svc.rpc(method, args, kwargs)
 
     def stats(self) -> dict:
         return self.svc.stats()
+
+    def status(self) -> tuple[int, str]:
+        """(the version new episodes sample with, this incarnation's id)."""
+        return self.svc.version(), self.incarnation
 
     def version(self) -> int:
         return self.svc.version()
@@ -104,21 +121,42 @@ class _InferenceActor:
         self.svc.stop()
 
 
+def inference_options(settings) -> dict:
+    """Ray options of the inference actor: restarted on a live node whenever it dies; only on
+    nodes with the `settings.inference_resource` resource when one is named."""
+    opts = dict(num_cpus=0, max_concurrency=settings.num_workers + 4, max_restarts=-1,
+                max_task_retries=0)
+    name = getattr(settings, "inference_resource", "")
+    if name:
+        opts["resources"] = {name: 1}
+    return opts
+
+
 class RayInference:
-    """Driver-side handle of the inference actor, with InferenceService's interface."""
+    """Driver-side handle of the inference actor, with InferenceService's interface. It notices
+    restarts (a new incarnation) and keeps them in `events`: (time.time() it was first seen
+    down or restarted, seconds until it answered again)."""
+
+    POLL_DOWN_S = 0.5          # while the actor is down, ask at most this often
 
     def __init__(self, spec: ProgramSpec, store, settings):
         ray = self._ray = _ray()
         handle = getattr(store, "ray_handle", None)
         if handle is None:
-            from composer_jax.errors import ConfigError
             raise ConfigError("rl.job.backend=ray needs the weight store on Ray's object store "
                               "(backend_ray.make_ray_store)")
-        actor = ray.remote(num_cpus=0, max_concurrency=settings.num_workers + 4)(_InferenceActor)
+        actor = ray.remote(**inference_options(settings))(_InferenceActor)
         self.actor = actor.remote(spec.factory, spec.kwargs, handle, settings.weight_poll_s)
+        self._version, self._incarnation = -1, None
+        self._down_since: float | None = None
+        self._next_poll = 0.0
+        self._pinned: int | None = None
+        self.restarts = 0
+        self.events: list[tuple[float, float]] = []
 
     def wait_for_weights(self) -> int:
-        return self._ray.get(self.actor.wait_for_weights.remote())
+        self._version, self._incarnation = self._ray.get(self.actor.status.remote())
+        return self._version
 
     def start(self) -> None:
         self._ray.get(self.actor.start.remote())
@@ -127,135 +165,78 @@ class RayInference:
         return self._ray.get(self.actor.rpc.remote(method, args, kwargs))
 
     def version(self) -> int:
-        return self._ray.get(self.actor.version.remote())
+        """The actor's version; while it is down (restarting), the last one it reported."""
+        now = time.monotonic()
+        if self._down_since is not None and now < self._next_poll:
+            return self._version
+        try:
+            version, inc = self._ray.get(self.actor.status.remote(),
+                                         timeout=5 if self._down_since is None else 1)
+        except Exception:  # noqa: BLE001 - died, restarting, or its node is not yet known dead
+            if self._down_since is None:
+                self._down_since = time.time()
+            self._next_poll = now + self.POLL_DOWN_S
+            return self._version
+        restarted = inc != self._incarnation
+        if restarted:
+            down = self._down_since if self._down_since is not None else time.time()
+            self.restarts += 1
+            self.events.append((down, time.time() - down))
+            print(f"warning: the inference actor restarted (version {version}, "
+                  f"{time.time() - down:.1f}s after it was seen down)", file=sys.stderr)
+        self._down_since, self._version, self._incarnation = None, version, inc
+        if restarted and self._pinned is not None:
+            self.pin(self._pinned)
+        return version
 
     def pin(self, version: int) -> None:
-        """Serve exactly `version` (rl/schedule.py)."""
-        self._ray.get(self.actor.pin.remote(version))
+        """Serve exactly `version` (rl/schedule.py); remembered, and pinned again on a restarted
+        actor (which first loads the newest version: an episode started in between samples with
+        that one, so `rl.schedule=reproducible` is not bit-reproducible across such a restart)."""
+        self._pinned = version
+        try:
+            self._ray.get(self.actor.pin.remote(version), timeout=30)
+        except Exception:  # noqa: BLE001 - down: pinned again once it is back (`version`)
+            if self._down_since is None:
+                self._down_since = time.time()
 
     def stats(self) -> dict:
         try:
-            return self._ray.get(self.actor.stats.remote(), timeout=30)
+            out = self._ray.get(self.actor.stats.remote(), timeout=30)
         except Exception as e:  # noqa: BLE001  (stats after a failure must not hide the failure)
-            return {"error": repr(e)}
+            out = {"error": repr(e)}
+        return {**out, "actor_restarts": self.restarts}
 
     def stop(self) -> None:
         try:
             self._ray.get(self.actor.stop.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - already dead (its node lost): nothing to stop
+            pass
         finally:
-            self._ray.kill(self.actor)
+            self._ray.kill(self.actor, no_restart=True)
 
 
-class _RayClient:
-    """PolicyClient inside a rollout worker actor: calls the inference actor."""
+class RayPolicyClient:
+    """PolicyClient inside a rollout worker actor: calls the inference actor. A call that fails
+    because the actor died or is restarting waits until it answers again, then raises (the
+    episode resumes from its last turn checkpoint on the fresh engine, `jobs.run_job`)."""
 
-    def __init__(self, actor):
-        import ray
-        self._ray, self.actor = ray, actor
+    def __init__(self, actor, back_timeout_s: float = BACK_TIMEOUT_S):
+        self._ray, self.actor, self.back_timeout_s = _ray(), actor, back_timeout_s
 
     def call(self, method: str, *args, **kwargs):
-        return self._ray.get(self.actor.rpc.remote(method, args, kwargs))
-
-
-class _WorkerActor:
-    def __init__(self, factory: str, kwargs: dict, inference_actor, name: str):
-        self.program = build_program(ProgramSpec(factory, kwargs))
-        self.client = _RayClient(inference_actor)
-        self.name = name
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def run(self, job: Job, checkpoints: str = "") -> bytes:
-        """One job; turn checkpoints go to the `CheckpointStore` folder `checkpoints` (a folder
-        every worker and the driver see: one machine, or a shared file system)."""
-        save = CheckpointStore(checkpoints).put if checkpoints else None
-        return run_job(self.program, job, self.client, self.name, save=save).to_bytes()
-
-
-class RayPool:
-    """Rollout worker actors with the local pools' interface (see backend_local). A dead actor's
-    episode goes back with its newest turn checkpoint (`Job.resume`) from `checkpoints` (default:
-    a temporary folder, so one machine; give a shared folder for a multi-host cluster)."""
-
-    def __init__(self, spec: ProgramSpec, inference: RayInference, num_workers: int,
-                 checkpoints: str = ""):
-        ray = self._ray = _ray()
-        self._own_dir = "" if checkpoints else tempfile.mkdtemp(prefix="cj-ckpt-")
-        self.checkpoints = CheckpointStore(checkpoints or self._own_dir)
-        self.resumed = self.tokens_saved = 0
-        self.spec, self.inference, self.num_workers = spec, inference, num_workers
-        self._cls = ray.remote(num_cpus=0)(_WorkerActor)
-        self._actors: list = [None] * num_workers
-        self._pids: list[int] = [0] * num_workers
-        self._spawned = 0
-        for i in range(num_workers):
-            self._new_actor(i)
-        self._queue: list[Job] = []
-        self._inflight: dict = {}          # ObjectRef -> (slot, job)
-        self.restarts = 0
-
-    def _new_actor(self, i: int) -> None:
-        self._spawned += 1
-        self._actors[i] = self._cls.remote(self.spec.factory, self.spec.kwargs,
-                                           self.inference.actor, f"ray-{i}.{self._spawned}")
-        self._pids[i] = self._ray.get(self._actors[i].pid.remote())
-
-    def submit(self, job: Job) -> None:
-        self._queue.append(job)
-
-    def num_idle(self) -> int:
-        return max(0, self.num_workers - len(self._inflight) - len(self._queue))
-
-    def _dispatch(self) -> None:
-        busy = {slot for slot, _ in self._inflight.values()}
-        for i in range(self.num_workers):
-            if not self._queue:
-                return
-            if i not in busy:
-                job = self._queue.pop(0)
-                self._inflight[self._actors[i].run.remote(
-                    job, str(self.checkpoints.root))] = (i, job)
-
-    def results(self, timeout: float) -> list[tuple[Job, Rollout | None]]:
         from ray.exceptions import RayActorError
-        self._dispatch()
-        if not self._inflight:
-            import time
-            time.sleep(timeout)
-            return []
-        ready, _ = self._ray.wait(list(self._inflight), num_returns=len(self._inflight),
-                                  timeout=timeout)
-        out = []
-        for ref in ready:
-            slot, job = self._inflight.pop(ref)
+        try:
+            return self._ray.get(self.actor.rpc.remote(method, args, kwargs))
+        except RayActorError:
+            self.wait_until_back()
+            raise
+
+    def wait_until_back(self) -> None:
+        deadline = time.monotonic() + self.back_timeout_s
+        while time.monotonic() < deadline:
             try:
-                out.append((job, Rollout.from_bytes(self._ray.get(ref))))
-                self.checkpoints.drop(job.rollout_id)
-            except RayActorError:
-                out.append((self._requeued(job), None))
-                self.restarts += 1
-                self._new_actor(slot)
-        self._dispatch()
-        return out
-
-    def _requeued(self, job: Job) -> Job:
-        """The dead actor's job with its newest checkpoint (the old one when it sent none)."""
-        data = self.checkpoints.get(job.rollout_id)
-        if data is not None and data != job.resume:
-            self.resumed += 1
-            self.tokens_saved += EpisodeCheckpoint.from_bytes(data).generated
-        return dataclasses.replace(job, resume=data if data is not None else job.resume,
-                                   attempt=job.attempt + 1)
-
-    def worker_pids(self) -> list[int]:
-        return list(self._pids)
-
-    def close(self) -> None:
-        for a in self._actors:
-            try:
-                self._ray.kill(a)
-            except Exception:  # noqa: BLE001  (already dead)
-                pass
-        if self._own_dir:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
+                self._ray.get(self.actor.status.remote(), timeout=10)
+                return
+            except Exception:  # noqa: BLE001 - still restarting
+                time.sleep(0.5)

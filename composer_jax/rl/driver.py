@@ -19,6 +19,11 @@ whose newest checkpoint is at `steps` is finished: it says so and changes nothin
 Stop: when `stop_event` is set (experiments/rl.py sets it on SIGTERM / SIGINT) the trainer
 finishes its current step, the current version is checkpointed and the summary written.
 
+Services lost with their node (the Ray backend): the pool replaces dead rollout workers and
+re-runs their episodes from their turn checkpoints; Ray restarts the inference actor and the
+weight-store index elsewhere (`rl/backend_ray.py`); `follow` keeps the last version the inference
+actor reported while it is down. `rl_summary.json` counts them (`service_restarts`).
+
 Run directory: rollouts/ (the log), checkpoints/, metrics.jsonl, tb/, workers.json (live rollout
 worker pids), plots/ (written at the end by `rl/plots.py`).
 """
@@ -208,7 +213,7 @@ class RLRun:
                  eval_fn, backend: Backend):
         from composer_jax.rl.checkpoint import RLCheckpointer
         workdir.mkdir(parents=True, exist_ok=True)
-        self.spec, self.workdir, self.settings = spec, workdir, settings
+        self.spec, self.workdir, self.settings, self.store = spec, workdir, settings, store
         program = build_program(spec)
         self.train_tasks, self.eval_tasks = list(program.train_tasks()), list(program.eval_tasks())
         if not self.train_tasks:
@@ -436,6 +441,7 @@ def summarize(run: RLRun) -> dict:
         "eval_source": ("eval suite (checkpoint evaluator)" if run.ckpt_eval is not None else
                         "held-out tasks of the program (parity: held-out parity tasks)"),
         "inference": run.inference_stats,
+        **service_restarts(run),
         "resumed_from": run.start.version, "readmitted": run.start.readmitted,
         "warnings": health_warnings(read_metrics(run.workdir)),    # rl/health.py
         "segment": {"elapsed_s": run.elapsed_s,
@@ -444,6 +450,22 @@ def summarize(run: RLRun) -> dict:
     }
     atomic_write_bytes(run.workdir / "rl_summary.json", json.dumps(summary, indent=1).encode())
     return summary
+
+
+def service_restarts(run: RLRun) -> dict:
+    """`service_restarts` by kind (rollout_worker, eval_worker: replaced by the pool; inference:
+    restarted by Ray; weight_index: restarted by Ray and refilled from the trainer's copy) and
+    `service_events`: each one's time (time.time()) and, for inference, seconds until it answered
+    again (this process's part of the run)."""
+    events = [{"kind": kind, "at": at} for at, kind in getattr(run.pool, "events", [])]
+    events += [{"kind": "inference", "at": at, "down_s": down}
+               for at, down in getattr(run.inference, "events", [])]
+    events += [{"kind": "weight_index", "at": at}
+               for at in getattr(getattr(run.store, "transport", None), "restores", [])]
+    events.sort(key=lambda e: e["at"])
+    kinds = ("rollout_worker", "eval_worker", "inference", "weight_index")
+    return {"service_restarts": {k: sum(e["kind"] == k for e in events) for k in kinds},
+            "service_events": events}
 
 
 def _eval_rows(workdir: pathlib.Path) -> dict:

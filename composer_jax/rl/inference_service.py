@@ -1,8 +1,9 @@
 """The inference service: the program's policy server plus a poller that applies every newer
 version of the weight store in flight (`PolicyServer.load_from`, between decode steps), never
-ending episodes."""
+ending episodes; a failed poll is retried at the next one."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -16,7 +17,7 @@ class InferenceService:
         self.server: PolicyServer = program.make_policy()
         self.store = store
         self.poll_s = poll_s
-        self.swaps = 0
+        self.swaps = self.poll_errors = self.poll_errors_in_row = 0
         self.pinned: int | None = None     # the version to serve (rl/schedule.py); None: latest
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -51,9 +52,23 @@ class InferenceService:
                 self._wake.wait(self.poll_s)
                 self._wake.clear()
                 if not self._stop.is_set():
-                    self.refresh()
+                    self._refresh_or_report()
         self._thread = threading.Thread(target=loop, name="weight-poller", daemon=True)
         self._thread.start()
+
+    def _refresh_or_report(self) -> None:
+        """One poll; a failed one (the store's index restarting, a version collected mid-read)
+        is reported and retried at the next poll, never ends the poller: the server keeps
+        serving the version it holds."""
+        try:
+            self.refresh()
+            self.poll_errors_in_row = 0
+        except Exception as e:  # noqa: BLE001 - any store failure: the next poll retries
+            self.poll_errors += 1
+            self.poll_errors_in_row += 1
+            if self.poll_errors_in_row in (1, 10, 100):
+                print(f"warning: weight poll failed ({self.poll_errors_in_row} in a row, serving "
+                      f"version {self.version()}): {type(e).__name__}: {e}", file=sys.stderr)
 
     def pin(self, version: int) -> None:
         """Serve exactly `version` from now on (loaded at once if published, else when it is)."""
@@ -72,7 +87,8 @@ class InferenceService:
         return int(getattr(self.server, "version", -1))
 
     def stats(self) -> dict:
-        return {**self.server.stats(), "weight_swaps": self.swaps}
+        return {**self.server.stats(), "weight_swaps": self.swaps,
+                "weight_poll_errors": self.poll_errors}
 
     def stop(self) -> None:
         self._stop.set()

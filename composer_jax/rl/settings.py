@@ -19,6 +19,7 @@ class DriverSettings:
     worker_mode: str = "thread"       # "thread" | "process" (local backend)
     backend: str = "local"            # "local" | "ray"
     ray_address: str = ""             # "" starts a local Ray cluster inside the run
+    inference_resource: str = ""      # Ray: the inference actor only on nodes with this resource
     seed: int = 0
     progress: bool = True
     weight_poll_s: float = 0.05
@@ -48,5 +49,6 @@ def settings_from_config(cfg, progress: bool = True) -> DriverSettings:
                           steps=rl.steps,
                           checkpoint_every=job.checkpoint_every, eval_every=job.eval_every,
                           num_workers=job.num_rollout_workers, worker_mode=job.worker_mode.value,
-                          backend=job.backend.value, ray_address=job.ray_address, seed=cfg.seed,
+                          backend=job.backend.value, ray_address=job.ray_address,
+                          inference_resource=job.inference_resource, seed=cfg.seed,
                           progress=progress, schedule=rl.schedule.value)

@@ -24,9 +24,12 @@ store = make_ray_store(WeightSyncSettings(dtype=""))
 workdir = {workdir!r}
 def killer():
     path = os.path.join(workdir, "workers.json")
-    while not (os.path.exists(path) and os.path.exists(os.path.join(workdir, "rollouts", "consumed.jsonl"))):
+    while not (os.path.exists(path) and os.path.exists(os.path.join(workdir, "rollouts", "consumed.jsonl"))
+               and json.load(open(path))["pids"]):
         time.sleep(0.05)
-    os.kill(json.load(open(path))["pids"][0], signal.SIGKILL)
+    pid = json.load(open(path))["pids"][0]
+    assert pid > 0, pid
+    os.kill(pid, signal.SIGKILL)
 threading.Thread(target=killer, daemon=True).start()
 s = run_rl(ProgramSpec("rl_fake_program:make", {{"num_tasks": 6, "arms": 3, "env_s": 0.1}}), workdir,
            DriverSettings(steps=6, group_size=2, batch_groups=2, max_staleness=1, num_workers=3,

@@ -5,29 +5,66 @@ positions. Committing is one actor call, so a version becomes visible all at onc
 references lets Ray free the chunks.
 
 Ray's ownership rule: an object belongs to the process that put it and is lost when that process
-dies. By default (`durable=True`) the index actor puts the chunks itself, so they belong to it and
-a publisher killed at any point loses nothing committed (the chunks pass through the actor once:
-one extra copy). With `durable=False` the publisher puts them (no extra copy; they live in the
-object store of the publisher's node): when the publisher dies, its versions become unreadable
-(WeightStoreError; readers keep the version they hold; a restarted publisher starts again with a
-full snapshot). Either way the index lives as long as the actor: create it from a process that
-outlives the publisher (or pass `lifetime="detached"`).
+dies. Two modes:
+
+- `mirror=True` (the run's store, `backend_ray.make_ray_store`): the publisher puts the chunks
+  itself (it owns them: they live as long as the publisher, in its node's object store) and keeps
+  its own copy of the index (every reference and commit record it wrote). The index actor runs
+  on the publisher's node (pinned: with only a soft preference Ray placed it on another node of
+  a two-node cluster), so only a loss that also ends the publisher takes it; when it dies anyway (`max_restarts=-1`)
+  the restarted, empty index is refilled from the publisher's copy, at its next write or by the
+  keeper thread within `keep_s` seconds. So no single actor holds the only copy, and a lost
+  index node costs readers a short pause (they see no version, keep the one they hold). The
+  publisher is the trainer in the driver: its death ends the run anyway (a rerun makes a new
+  store).
+- `mirror=False`, `durable=True` (default): the index actor puts the chunks itself, so they
+  belong to it and a publisher killed at any point loses nothing committed (one extra copy);
+  the index lives as long as the actor. `durable=False`: the publisher owns the chunks, without
+  a copy of the index.
+
+Reader positions (for garbage collection) are not mirrored: a reader sets its position again at
+its next fetch, and a reader whose base version was collected meanwhile rebuilds from a full
+snapshot.
 
 `ray` is imported only when a RayTransport is built, so the rest of the store works without it.
 """
 from __future__ import annotations
+
+import threading
+import time
+import uuid
 
 from composer_jax.rl.weights.codec import WeightStoreError
 from composer_jax.rl.weights.transport import Transport, version_prefix
 
 
 class _Index:
-    """The index actor's body (plain Python; wrapped with ray.remote on first use)."""
+    """The index actor's body (plain Python; wrapped with ray.remote on first use). `generation`
+    is new at every (re)start; a write that names another generation is refused (`write`), so a
+    mirroring publisher refills a restarted index before anything else lands in it."""
 
     def __init__(self):
         self.refs: dict[str, list] = {}
         self.commits: dict[int, bytes] = {}
         self.reader_pos: dict[str, int] = {}
+        self.generation = uuid.uuid4().hex
+
+    def get_generation(self):
+        return self.generation
+
+    def write(self, expect, method, *args):
+        """Applies `method(*args)` unless `expect` names an older generation; returns
+        (generation, applied)."""
+        if expect is not None and expect != self.generation:
+            return self.generation, False
+        getattr(self, method)(*args)
+        return self.generation, True
+
+    def restore(self, refs, commits):
+        """Refills the index from a publisher's copy; returns the generation."""
+        self.refs = dict(refs)
+        self.commits = dict(commits)
+        return self.generation
 
     def put_ref(self, key, boxed_ref):
         self.refs[key] = boxed_ref          # a list, so Ray passes the reference, not the value
@@ -88,21 +125,76 @@ def _ray():
 
 class RayTransport(Transport):
     """Blobs in Ray's object store; index in a named actor `name` (in `namespace`) that every
-    process of the job finds with the same name."""
+    process of the job finds with the same name (module docstring for `mirror` and `durable`)."""
 
     def __init__(self, name: str = "composer_jax_weight_store", namespace: str | None = None, *,
-                 durable: bool = True, lifetime: str | None = None):
+                 durable: bool = True, lifetime: str | None = None, mirror: bool = False,
+                 keep_s: float = 1.0):
         ray = self._ray = _ray()
-        self.durable = durable
-        actor = ray.remote(num_cpus=0)(_Index)
-        self._index = actor.options(name=name, namespace=namespace, get_if_exists=True,
-                                    lifetime=lifetime).remote()
+        self.durable = durable and not mirror
+        self.mirror = mirror
+        opts = dict(name=name, namespace=namespace, get_if_exists=True, lifetime=lifetime,
+                    max_restarts=-1, max_task_retries=-1)
+        if mirror:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False)
+        self._index = ray.remote(num_cpus=0)(_Index).options(**opts).remote()
+        self.restores: list[float] = []     # time.time() of every refill of a restarted index
+        self._refs: dict[str, list] = {}
+        self._commits: dict[int, bytes] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._generation = None
+        if mirror:
+            self._generation = self._ray.get(self._index.get_generation.remote())
+            self._keeper = threading.Thread(target=self._keep, args=(keep_s,),
+                                            name="weight-index-keeper", daemon=True)
+            self._keeper.start()
+
+    # ---- the publisher's copy of the index (mirror=True)
+
+    def _write(self, method, *args):
+        """A mutating index call; a mirroring transport refills a restarted index first."""
+        if not self.mirror:
+            return self._call(method, *args)
+        with self._lock:
+            gen, applied = self._ray.get(self._index.write.remote(self._generation, method,
+                                                                   *args))
+            if not applied:                 # the index restarted: our copy already has this write
+                self._restore()
+
+    def _restore(self) -> None:
+        with self._lock:
+            self._generation = self._ray.get(self._index.restore.remote(self._refs,
+                                                                        self._commits))
+            self.restores.append(time.time())
+
+    def _keep(self, period: float) -> None:
+        """Refills a restarted index within `period` seconds even while nothing is published."""
+        while not self._stop.wait(period):
+            try:
+                gen = self._ray.get(self._index.get_generation.remote(), timeout=60)
+                if gen != self._generation:
+                    self._restore()
+            except Exception:  # noqa: BLE001 - restarting, or Ray shutting down: next period
+                if not self._ray.is_initialized():
+                    return
+
+    def close(self) -> None:
+        """Stops the keeper thread (the index itself ends with the job)."""
+        self._stop.set()
 
     def _call(self, method, *args):
         return self._ray.get(getattr(self._index, method).remote(*args))
 
     def put_blob(self, key, data):
-        if self.durable:
+        if self.mirror:
+            ref = [self._ray.put(bytes(data))]
+            with self._lock:
+                self._refs[key] = ref
+                self._write("put_ref", key, ref)
+        elif self.durable:
             self._call("put_blob", key, bytes(data))
         else:
             self._call("put_ref", key, [self._ray.put(bytes(data))])
@@ -118,7 +210,10 @@ class RayTransport(Transport):
                                    f"publisher that owned it is gone") from e
 
     def put_commit(self, version, data):
-        self._call("put_commit", version, bytes(data))
+        with self._lock:
+            if self.mirror:
+                self._commits[version] = bytes(data)
+            self._write("put_commit", version, bytes(data))
 
     def get_commit(self, version):
         data = self._call("get_commit", version)
@@ -130,10 +225,20 @@ class RayTransport(Transport):
         return self._call("committed")
 
     def delete_below(self, version):
-        self._call("delete_below", version, version_prefix(version))
+        bound = version_prefix(version)
+        with self._lock:
+            if self.mirror:
+                self._commits = {v: c for v, c in self._commits.items() if v >= version}
+                self._refs = {k: r for k, r in self._refs.items() if k >= bound}
+            self._write("delete_below", version, bound)
 
     def delete_from(self, version):
-        self._call("delete_from", version, version_prefix(version))
+        bound = version_prefix(version)
+        with self._lock:
+            if self.mirror:
+                self._commits = {v: c for v, c in self._commits.items() if v < version}
+                self._refs = {k: r for k, r in self._refs.items() if k < bound}
+            self._write("delete_from", version, bound)
 
     def set_reader(self, name, version):
         self._call("set_reader", name, int(version))
