@@ -238,8 +238,8 @@ def run_episode(agent: Agent, task: Task, task_dir: pathlib.Path, cfg: EnvConfig
                                             task.task_id, "; ".join(grade.tamper_reasons[:5]))
     # the episode reports every file the agent touched (new source files too: the eval quality
     # metrics count them out of scope); the reward's outside-edit term sees only snapshot files
-    touched = sorted(set(changed) | {rel for rel, why in grade.ignored_changes
-                                     if why.startswith("new file")})
+    touched = sorted(set(changed) | set(grade.added_modules)
+                     | {rel for rel, why in grade.ignored_changes if why.startswith("new file")})
     return Episode(task.task_id, turns.messages, turns.calls, end.stop, end.final, end.turns,
                    end.tokens, num_calls, num_invalid, touched, grade, reward,
                    time.monotonic() - start, token_count_source=turns.source(),

@@ -16,6 +16,7 @@ chosen preset (e.g. the lookup family's `rl.task.max_turns`) are flags too.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import re
@@ -132,7 +133,25 @@ def apply_presets(cfg, argv: list[str], presets: dict) -> tuple[object, list[str
             raise ConfigError(f"{key}: unknown preset name {name!r}; preset names: {sorted(table)} (or set "
                               f"its keys, {key}.KEY=VALUE)") from None
         cfg = _replace_at(cfg, key, make())
-    return cfg, rest
+    return cfg, _quote_tuple_words(cfg, rest)
+
+
+def _quote_tuple_words(cfg, argv: list[str]) -> list[str]:
+    """argv with each tuple key's `a=1,b.c=2` (elements that are not Python literals, which
+    ml_collections' tuple parser refuses) spelled as a tuple of strings, `('a=1', 'b.c=2')`."""
+    tuple_keys = {k for k, typ, *_ in leaf_keys(cfg) if typing.get_origin(typ) is tuple}
+    out = []
+    for arg in argv:
+        m = _OVERRIDE.match(arg)
+        if m and m.group(1) in tuple_keys and m.group(2):
+            try:
+                ast.literal_eval(m.group(2) if m.group(2).lstrip().startswith("(")
+                                 else f"({m.group(2)},)")
+            except (ValueError, SyntaxError):
+                words = tuple(w.strip() for w in m.group(2).split(",") if w.strip())
+                arg = f"--{NAME}.{m.group(1)}={words!r}"
+        out.append(arg)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 For each training task of a task pool (`env_generate` writes one; tasks whose `split` is not "train"
 -- evaluation tasks from held-out modules -- are never used), the scripted oracle agent
 (`env.agents.OracleAgent`) applies the reference fix through the tools in a sandboxed workspace
-(`env.episode.run_episode`: bubblewrap, or the fallback with its loud warning). A resolved episode
+(`agent.episode.run_episode`: bubblewrap, or the fallback with its loud warning). A resolved episode
 that ended with `finish` and made no invalid call becomes one sample: tool declarations, system
 prompt, the user's problem statement, the assistant turns with their tool calls, the tool results
 and the final `finish` call, rendered and masked by `composer_jax.data.chat` (loss on the assistant

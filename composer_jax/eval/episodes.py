@@ -1,6 +1,6 @@
 """One finished evaluation episode as the runner scores it, from either episode loop.
 
-Reference agents run the environment's text loop (`env.episode.run_episode` -> `Episode`); model
+Reference agents run the environment's text loop (`agent.episode.run_episode` -> `Episode`); model
 policies run the token-level agent RL samples with (`agent.token_agent.TokenAgent` -> `Rollout`). Both
 become an `EpisodeFacts`, so every metric is computed the same way whichever loop ran.
 

@@ -47,6 +47,7 @@ from jax._src.lax import lax as lax_internal
 from composer_jax.model import abstract_model
 from composer_jax.parallel import aot
 from composer_jax.parallel.hlo_stats import collective_stats, peak_buffers
+from composer_jax.parallel.memory_report import temporaries_from_dump
 from composer_jax.parallel.mesh import make_mesh
 from composer_jax.parallel.sharding import context_from_config, sharding_plan
 from composer_jax.train.placement import abstract_batch
@@ -188,7 +189,6 @@ def compile_plan(cfg, mesh, target: dict | None, dump_dir: str | None = None) ->
         if found:
             with open(found[0]) as f:
                 peak = peak_buffers(f.read(), hlo)
-        from composer_jax.parallel.memory_report import temporaries_from_dump
         temps = temporaries_from_dump(dump_dir, STEP_MODULE_RE, hlo)
     out = {
         "mesh": pc.sizes, "rules": pc.rules.name, "num_devices": n_dev,
