@@ -16,9 +16,9 @@ Absolute times on a shared CPU are noisy; the ratios (engine / transformers), me
 run, are what matter. Rows are appended to the results file as they finish, so a partial grid
 is kept.
 
-    PYTHONPATH=$PWD /work/venv-bench/bin/python benchmarks/engine_vs_transformers.py \
+    PYTHONPATH=$PWD $BENCH_VENV/bin/python benchmarks/engine_vs_transformers.py \
         [--from_run=RUN_DIR] [--batches=1,8,32] [--prompts=512,2048] [--new_tokens=128]
-    # writes benchmarks/results/engine_vs_transformers.txt (needs the `bench` extra: torch,
+    # BENCH_VENV: a venv with the `bench` extra; writes benchmarks/results/engine_vs_transformers.txt (torch,
     # transformers; requirements/bench.txt)
 """
 from __future__ import annotations

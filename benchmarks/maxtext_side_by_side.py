@@ -6,7 +6,7 @@ alternately (A B A B) in one invocation at two vocabularies, on this (shared, no
 Model (issue 19): emb 256, 4 layers (1 dense), 8 routed experts top-2 + 1 shared, 4 heads,
 q_lora 32, kv_lora 16, qk_nope 128, qk_rope 64, v 128, mlp 64 (dense and expert), fp32 weights,
 bf16 compute, batch 4 x 256, no MTP, AdamW (clip 1.0), synthetic data. MaxText runs through
-/work/shared/anchors/maxtext_cpu.sh (ragged_dot MoE: megablox=false, sparse_matmul=true; its
+../shared/anchors/maxtext_cpu.sh (ragged_dot MoE: megablox=false, sparse_matmul=true; its
 other settings are its defaults, e.g. remat_policy=full, which the table prints); the config it
 prints is checked against the one asked for. Both trainers run in fresh subprocesses, `--steps`
 steps each; a run's figure is the median step time of its last 10 steps; each vocabulary's figure
@@ -26,7 +26,7 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MT_SCRIPT = pathlib.Path(os.environ.get("MT_SCRIPT", "/work/shared/anchors/maxtext_cpu.sh"))
+MT_SCRIPT = pathlib.Path(os.environ.get("MT_SCRIPT", "../shared/anchors/maxtext_cpu.sh"))
 BATCH, SEQ = 4, 256
 
 # The issue's model as MaxText overrides (model_name=deepseek3-tiny supplies MLA/rope/routing).

@@ -253,30 +253,30 @@ class RolloutStream:
     def get_groups(self, n: int, timeout: float | None = None) -> list[Group] | None:
         """Blocks until `n` complete groups are buffered and takes them (oldest completed first);
         None on timeout or when the stream is closed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            while len(self._ready) < n:
-                if self._closed:
-                    return None
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return None
-                self._cv.wait(left if left is not None else 1.0)
+            if not self._wait_for(lambda: len(self._ready) >= n, timeout):
+                return None
             return [self._ready.popitem(last=False)[1] for _ in range(n)]
 
     def get_named(self, group_ids: list[str], timeout: float | None = None) -> list[Group] | None:
         """Blocks until every group in `group_ids` is complete and takes them, in that order (the
         reproducible schedule's job order); None on timeout or when the stream is closed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            while not all(g in self._ready for g in group_ids):
-                if self._closed:
-                    return None
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return None
-                self._cv.wait(left if left is not None else 1.0)
+            if not self._wait_for(lambda: all(g in self._ready for g in group_ids), timeout):
+                return None
             return [self._ready.pop(g) for g in group_ids]
+
+    def _wait_for(self, ready, timeout: float | None) -> bool:
+        """With the lock held: waits until `ready()`; False on timeout or when the stream closes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ready():
+            if self._closed:
+                return False
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._cv.wait(left if left is not None else 1.0)
+        return True
 
     def close(self) -> None:
         with self._cv:
