@@ -127,19 +127,15 @@ def level1_sites(source: str, rng: random.Random, hints: bool = True) -> list[La
                     a = off(kw.lineno, kw.col_offset)
                     if source[a:a + len(kw.arg)] == kw.arg:
                         site("keyword", node, a, a + len(kw.arg), kw.arg, qual)
-    out = [s for s in out if mutate.is_valid(source, [s.mutation])]
-    rng.shuffle(out)
+    rng.shuffle(out)   # an identifier for an identifier: always parses, always a new AST
     return out
 
 
 def level2_sites(source: str, rng: random.Random) -> list[LadderSite]:
-    """Level-2 sites of `source` in random order: single-line operator/constant/boundary edits."""
-    out = []
-    for m in mutate.enumerate_mutations(source):
-        if m.operator not in LEVEL2_OPERATORS or "\n" in source[m.start:m.end]:
-            continue
-        if mutate.is_valid(source, [m]):
-            out.append(LadderSite(m, 2, m.operator))
+    """Level-2 sites of `source` in random order: single-line operator/constant/boundary edits
+    (not yet syntax-checked: `sites` checks them lazily, `mutate.is_valid` parses the module)."""
+    out = [LadderSite(m, 2, m.operator) for m in mutate.enumerate_mutations(source)
+           if m.operator in LEVEL2_OPERATORS and "\n" not in source[m.start:m.end]]
     rng.shuffle(out)
     return out
 
@@ -149,10 +145,18 @@ def supports_hints(python_version: str) -> bool:
     return tuple(map(int, python_version.split("."))) >= HINT_MIN_VERSION
 
 
-def sites(source: str, level: int, python_version: str, rng: random.Random) -> list[LadderSite]:
-    """The level's sites of `source` for a task run by `python_version`."""
+def raw_sites(source: str, level: int, python_version: str, rng: random.Random) -> list:
+    """The level's sites of `source` for `python_version`, level-2 ones not yet syntax-checked."""
     if level == 1:
         return level1_sites(source, rng, hints=supports_hints(python_version))
     if level == 2:
         return level2_sites(source, rng)
     raise ValueError(f"ladder level must be 1 or 2, got {level}")
+
+
+def sites(source: str, level: int, python_version: str, rng: random.Random):
+    """Yields the level's valid sites of `source` for a task run by `python_version`, in random
+    order (each level-2 site parsed when it is reached)."""
+    for site in raw_sites(source, level, python_version, rng):
+        if level == 1 or mutate.is_valid(source, [site.mutation]):
+            yield site
