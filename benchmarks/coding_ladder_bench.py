@@ -1,7 +1,8 @@
 """Episodes/s of the coding family's environment on ladder tasks: scripted oracle episodes.
 
-Each episode is `agent.episode.run_episode` with the scripted oracle (`env.agents.OracleAgent`: the
-reference fix through the tools) in a fresh bubblewrap sandbox over the task's snapshot, graded by
+Each episode is `agent.episode.run_episode` with the ladder's scripted oracle
+(`env.tasks.ladder_plan.LadderOracleAgent`: run the failing test, read the broken line's window, the
+reference fix through the tools, run the tests, finish) in a fresh bubblewrap sandbox over the task's snapshot, graded by
 the environment's grader -- everything of a coding RL episode but the policy's tokens (the SFT data
 of `data/sft_env.py` is made of exactly these episodes). The same tasks run with 1 thread, then
 with `--threads` threads, in one process (absolute times on a shared 2-core machine mean little;
@@ -19,9 +20,9 @@ import statistics
 import time
 
 from composer_jax.agent.episode import run_episode
-from composer_jax.env.agents import OracleAgent
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.tasks.ladder_generate import level_kind
+from composer_jax.env.tasks.ladder_plan import oracle_agent
 from composer_jax.env.tasks.pool import TaskPool
 
 
@@ -29,7 +30,7 @@ def episodes(pool: TaskPool, tasks, threads: int, cfg: EnvConfig) -> tuple[float
     """(wall seconds, episodes) of one oracle episode per task on `threads` threads."""
     def one(task):
         d = pool.task_dir(task.task_id)
-        return run_episode(OracleAgent(task, d), task, d, cfg)
+        return run_episode(oracle_agent(task, d), task, d, cfg)
 
     start = time.monotonic()
     with cf.ThreadPoolExecutor(threads) as ex:
@@ -50,6 +51,9 @@ def main(argv=None) -> dict:
     tasks = tasks[:a.episodes]
     cfg = EnvConfig(use_embeddings=False)
     out = {"level": a.level, "split": a.split, "episodes": len(tasks)}
+    _, (warm,) = episodes(pool, tasks[:1], 1, cfg)   # untimed: page cache and imports
+    out["example"] = {"task_id": warm.task_id, "calls": [c["name"] for c in warm.calls],
+                      "first_output_tail": warm.calls[0]["output"][-400:]}
     for threads in (1, a.threads):
         wall, eps = episodes(pool, tasks, threads, cfg)
         out[f"threads_{threads}"] = {

@@ -21,13 +21,14 @@ from composer_jax.env.pythons import find_pythons
 from composer_jax.env.tasks import ladder_sites, mutate, statements
 from composer_jax.env.tasks.ladder_disjoint import find_leaks, heldout_signatures
 from composer_jax.env.tasks.ladder_generate import level_kind
+from composer_jax.env.tasks.ladder_plan import ladder_plan
 from composer_jax.env.tasks.ladder_split import split_of
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tasks.task import Task, unified_patch
 from composer_jax.env.tools import TOOL_SPECS
 from composer_jax.errors import ConfigError
 from composer_jax.rl.tasks.coding import CodingFamily, interleave
-from composer_jax.rl.tasks.coding_scripted import ScriptedCoder, scripted_plan
+from composer_jax.rl.tasks.coding_scripted import ScriptedCoder
 
 # small stdlib modules on both sides of the split (heldout.py's three, and seed 0's hash)
 MODULES = ("getopt", "glob", "fnmatch", "textwrap", "colorsys", "shlex")
@@ -72,13 +73,14 @@ def _tokenizer(pool: TaskPool):
 
 
 def _episode_row(tok, pool: TaskPool, task: Task) -> list[int]:
-    """An SFT row of the scripted episode of `task`: statement, every planned call, and as tool
-    results a traceback naming the module and the module's whole text (a read of the file)."""
+    """An SFT row of the scripted ladder episode of `task`: statement, every planned call, and as
+    tool results a traceback naming the module and the module's whole text (a read of it)."""
     d = pool.task_dir(task.task_id)
     module = (d / "snapshot" / task.edit_files[0]).read_text()
     messages = [{"role": "system", "content": p.SYSTEM_PROMPT},
                 {"role": "user", "content": task.problem_statement}]
-    coder = ScriptedCoder(scripted_plan(task, d))
+    coder = ScriptedCoder(ladder_plan(task, d))
+    assert [c[0] for c in coder.plan[:2]] == ["run_terminal_cmd", "read_file"]
     for k in range(len(coder.plan)):
         messages.append({"role": "assistant", "content": "", "raw": coder(messages)})
         result = (f'  File "/workspace/{task.edit_files[0]}", line 3, in f\nNameError'
