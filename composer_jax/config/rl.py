@@ -121,7 +121,8 @@ class CodingTaskConfig(TaskConfig):
     names), trained on training modules and scored on held-out modules of the same levels;
     ladder_train / ladder_heldout: tasks per level generated from training / held-out modules;
     split_seed / heldout_fraction: the module split (`env.tasks.ladder_split`: heldout.py's
-    modules plus that fraction of the others, by a hash of the seed and the top-level name);
+    modules plus that fraction of the others, by a hash of the seed and the top-level name; the
+    default 0 holds out heldout.py's modules only, which the pretraining corpus also lacks);
     ladder_pythons: CPython versions of the ladder's tasks (() = every installed 3.8+)."""
     family: str = "coding"
     init_from: str = ""
@@ -130,7 +131,7 @@ class CodingTaskConfig(TaskConfig):
     ladder_train: int = 200
     ladder_heldout: int = 60
     split_seed: int = 0
-    heldout_fraction: float = 0.2
+    heldout_fraction: float = 0.0
     ladder_pythons: tuple[str, ...] = ()
 
     def __post_init__(self):

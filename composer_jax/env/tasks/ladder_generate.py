@@ -54,7 +54,7 @@ class LadderSpec:
     train: int = 200
     heldout: int = 60
     seed: int = 0
-    fraction: float = 0.2
+    fraction: float = 0.0
 
     def __post_init__(self):
         if not self.levels or not set(self.levels) <= set(LEVELS):

@@ -3,7 +3,10 @@
 A module is held out when its top-level name (a stdlib module, or a whole package: its modules
 share one test suite and one workspace, so they cannot be split apart) is in
 `composer_jax.heldout.HELDOUT_MODULES` (also kept out of the pretraining corpus), or when a hash of
-(seed, name) falls below `fraction`. Every level uses the same split, and every CPython version of
+(seed, name) falls below `fraction`. The stdlib is pretraining text (`data/sources.py`) except
+heldout.py's modules, so with `fraction` 0 (the default of `rl.task.heldout_fraction`) no held-out
+module was seen in any training stage; a fraction above 0 holds out more modules, which the
+pretrained model may have read (but SFT and RL never). Every level uses the same split, and every CPython version of
 a module lands on the same side. Held-out tasks have `split == "eval"`: the SFT data
 (`data/sft_env.py`) and the RL family's training tasks take only `split == "train"`.
 """
