@@ -16,6 +16,7 @@ during a training or RL loop save a checkpoint and exit 0.
 """
 from __future__ import annotations
 
+import pathlib
 import sys
 
 from absl import app, flags, logging
@@ -113,13 +114,44 @@ def _check_devices(cfg) -> None:
     cfg.mesh.resolved(want)
 
 
+TIMES = "benchmarks/results/experiment_times.txt"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def measured_times(text: str) -> dict[str, str]:
+    """NAME -> how long it took, from the rows of TIMES (written by
+    benchmarks/experiment_times.py): '4.9 min', '52 s with --config.rl.steps=10 (short; the
+    default takes longer)', '40 s (--dry_run)', or why there is no time."""
+    out = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, setting, wall, _cpu, _load, rc, flags = [f.strip() for f in line.split(" | ")]
+        took = _duration(float(wall))
+        if rc != "0":
+            out[name] = f"failed after {took} (exit {rc})" if rc != "124" else f"> {took}"
+        elif setting == "default":
+            out[name] = took
+        elif setting == "dry_run":
+            out[name] = f"{took} (--dry_run)"
+        else:
+            out[name] = f"{took} with {flags} (short; the default takes longer)"
+    return out
+
+
 def _list() -> int:
     from composer_jax import registry
     exps = registry.load_all()
+    path = pathlib.Path(__file__).resolve().parent / TIMES
+    times = measured_times(path.read_text()) if path.exists() else {}
     width = max(len(n) for n in exps)
-    print("experiments (python launch.py --experiment=NAME):")
+    print("experiments (python launch.py --experiment=NAME) [time on a 2-core CPU, first run of a "
+          f"fresh clone: {TIMES}]:")
     for name in sorted(exps):
-        print(f"  {name:<{width}}  {exps[name].description}")
+        print(f"  {name:<{width}}  {exps[name].description} [{times.get(name, 'not timed')}]")
     return 0
 
 
