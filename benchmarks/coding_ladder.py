@@ -8,7 +8,7 @@ of `data/sft_env.py` is made of exactly these episodes). The same tasks run with
 with `--threads` threads, in one process (absolute times on a shared 2-core machine mean little;
 the two rates are measured side by side).
 
-    PYTHONPATH=$PWD python benchmarks/coding_ladder_bench.py --pool POOL --level 1 --episodes 12
+    PYTHONPATH=$PWD python benchmarks/coding_ladder.py --pool POOL --level 1 --episodes 12
 """
 from __future__ import annotations
 
