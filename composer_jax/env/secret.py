@@ -10,10 +10,11 @@ Built once per task by the trusted side (`build`, at generation or on first grad
      of the task's tests (`secret_child.py harvest`), plus perturbations of each argument
      (`perturb`, seeded) - inputs no test shows;
   3. outputs: the reference computes each case REFERENCE_RUNS times, each in a fresh process
-     (cases that time out or return anything but plain data are dropped, and so is every case of a
-     target for which any case differed between runs: such a function is not deterministic, and
-     agreeing runs of one of its cases may be luck - `secrets.randbelow(2)` agrees twice half the
-     time) and the unfixed snapshot once (`discriminating`: the cases it gets wrong).
+     (cases that time out or return anything but plain data are dropped; when any case of a target
+     differed between runs, the function is not deterministic and agreeing runs of one of its
+     values may be luck - `secrets.randbelow(2)` agrees twice half the time - so of its cases only
+     those raising the same exception in every run are kept: `randbelow(-4)`'s ValueError) and the
+     unfixed snapshot once (`discriminating`: the cases it gets wrong).
 At grading (`check`), a fresh process in a fresh sandbox over the graded tree imports the agent's
 code, receives only the inputs and prints the outputs; the parent compares them in a bounded
 process (`bounded.compare_outputs`). Passing therefore needs correct outputs on inputs the agent
@@ -50,7 +51,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 CHILD = HERE / "secret_child.py"
 CANON = HERE / "graded_unittest.py"
 FILE = "secret_cases.json"
-VERSION = 6
+VERSION = 7
 MAX_HARVEST = 200
 MAX_CASES = 48
 CASE_BYTES = 4096
@@ -329,7 +330,8 @@ def _build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None) -> d
     keep = []
     for c, outs, u in zip(pool, runs, bug):
         a = outs[0]
-        if None not in outs and tuple(c["f"]) not in varying and _usable(a):
+        steady = tuple(c["f"]) not in varying or (a[0] == "e" and outs.count(a) == len(outs))
+        if None not in outs and steady and _usable(a):
             keep.append({**c, "out": a, "seen": json.dumps(c, sort_keys=True) in seen,
                          "discriminating": u != a})
     keep.sort(key=lambda c: (not c["discriminating"], c["seen"]))  # unseen, telling cases first

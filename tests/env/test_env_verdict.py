@@ -346,7 +346,8 @@ def test_new_top_level_modules_may_not_shadow_extension_modules():
 def test_secret_cases_drop_every_case_of_a_function_whose_outputs_vary(tmp_path, monkeypatch):
     """A random function agrees across reference runs on some inputs by luck (`randbelow(1)`
     always, `randbelow(2)` half the time): a case kept from it would fail a correct fix at
-    grading. Any case differing between runs drops every case of that function."""
+    grading. Any case differing between runs drops every case of that function but those raising
+    the same exception in every run."""
     for d, roll, double in (("snapshot", "0", "x"), ("solution", "n", "2 * x")):
         (tmp_path / d).mkdir()
         (tmp_path / d / "m.py").write_text(f"def roll(n):\n    return {roll}\n\n"
@@ -355,6 +356,7 @@ def test_secret_cases_drop_every_case_of_a_function_whose_outputs_vary(tmp_path,
                 ("test_m.py",), "", 2, "3.12", "3.12")
     calls = [{"f": ["m", "roll"], "args": [["i", "1"]], "kwargs": []},
              {"f": ["m", "roll"], "args": [["i", "1000"]], "kwargs": []},
+             {"f": ["m", "roll"], "args": [["i", "-5"]], "kwargs": []},
              {"f": ["m", "double"], "args": [["i", "3"]], "kwargs": []}]
     runs = []
 
@@ -368,6 +370,9 @@ def test_secret_cases_drop_every_case_of_a_function_whose_outputs_vary(tmp_path,
         outs = []
         for c in cases:
             x = int(c["args"][0][1])
+            if c["f"][1] == "roll" and fixed and x < 0:
+                outs.append(["e", ["builtins.ValueError", "builtins.Exception"]])
+                continue
             if c["f"][1] == "roll":  # "random": run k draws k mod n (always 0 for n = 1)
                 y = (k * 7919) % max(abs(x), 1) if fixed else 0
             else:
@@ -379,6 +384,7 @@ def test_secret_cases_drop_every_case_of_a_function_whose_outputs_vary(tmp_path,
     data = secret.build(types.SimpleNamespace(), task, tmp_path, timeout_s=5.0)
     assert runs.count(True) == secret.REFERENCE_RUNS >= 3 and runs.count(False) == 1
     assert data["nondeterministic"] == [["m", "roll"]]
-    funcs = {c["f"][1] for c in data["cases"]}
-    assert funcs == {"double"}, data["cases"]  # roll(1) agreed in every run, and is dropped too
+    rolls = [c for c in data["cases"] if c["f"][1] == "roll"]
+    assert rolls and all(c["out"][0] == "e" for c in rolls), rolls  # roll(1) agreed: dropped too
+    assert {c["f"][1] for c in data["cases"]} == {"double", "roll"}
     assert all(c["discriminating"] for c in data["cases"])
