@@ -59,9 +59,10 @@ KNOWN_CROSSINGS: dict[tuple[str, str], str] = {}
 # it; each says why in a comment (`test_function_level_imports_within_budget`).
 FUNCTION_LEVEL_BUDGET = 20
 # experiments/ and launch.py defer their imports so that `launch.py list` / `--help` and
-# `registry.load_all` (every experiment module imported to register it) load no JAX: 88 in
-# experiments/ after issue 43, counted here and capped, not commented one by one.
-ENTRY_POINT_BUDGET = {"experiments": 95, "launch": 20}
+# `registry.load_all` (every experiment module imported to register it) load no JAX (0.5 s without
+# it, measured): 93 in experiments/ and 16 in launch.py when issue 43 closed, counted here and
+# capped, not commented one by one.
+ENTRY_POINT_BUDGET = {"experiments": 110, "launch": 20}
 
 Import = collections.namedtuple("Import", "file line target in_function commented")
 
