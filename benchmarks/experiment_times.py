@@ -31,7 +31,7 @@ from composer_jax import registry  # noqa: E402
 
 # experiments whose default takes far longer than a few minutes on CPU (or needs pods): the
 # setting timed instead. Everything else is timed at its default.
-DRY = ("--dry_run",)
+DRY = ("--dry_run", "--config.mesh.num_devices=256")
 SHORT = {
     "cpt_32k": DRY,
     "cpt_256k": DRY,
@@ -43,6 +43,7 @@ SHORT = {
     "lowprec_loss_gap": ("--config.train.steps=10", "--config.train.warmup_steps=1",
                          "--config.train.eval_every=10", "--config.train.checkpoint_every=10"),
     "cpt_rl_sweep": ("--config.sweep.budgets=4,8", "--config.sweep.seeds=0",
+                     "--config.sweep.cpt_set=train.warmup_steps=1",
                      "--config.rl.steps=4", "--config.train.steps=4",
                      "--config.rl.job.eval_every=4", "--config.rl.job.checkpoint_every=4"),
     "rl_async": ("--config.rl.steps=10",),
@@ -79,7 +80,7 @@ def _child_cpu() -> float:
 def time_one(name: str, limit_s: float) -> dict:
     """Runs `launch.py --experiment=NAME` with its setting; returns its row."""
     flags = SHORT.get(name, ())
-    setting = "dry_run" if flags == DRY else ("short" if flags else "default")
+    setting = "dry_run" if "--dry_run" in flags else ("short" if flags else "default")
     with tempfile.TemporaryDirectory(prefix=f"times_{name}_") as tmp:
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "COMPOSER_JAX_CACHE": f"{tmp}/cache",
                "PYTHONPATH": str(ROOT)}
