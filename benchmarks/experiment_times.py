@@ -114,12 +114,12 @@ def main() -> int:
     ap.add_argument("--limit_s", type=float, default=900.0, help="stop a run after this long")
     args = ap.parse_args()
     names = args.names or sorted(registry.load_all())
-    lines = read_rows(OUT.read_text()) if OUT.exists() else {}
     for name in names:
         registry.get(name)                      # an unknown name fails before anything runs
     for name in names:
-        lines[name] = _line(time_one(name, args.limit_s))
-        print(lines[name], flush=True)
+        line = _line(time_one(name, args.limit_s))
+        print(line, flush=True)
+        lines = {**(read_rows(OUT.read_text()) if OUT.exists() else {}), name: line}
         OUT.write_text(HEADER + "".join(lines[n] + "\n" for n in sorted(lines)))
     print(f"wrote {OUT.relative_to(ROOT)}")
     return 0
