@@ -61,7 +61,8 @@ HEADER = """\
 # much longer on CPU); dry_run = --dry_run (the experiment itself needs a pod).
 # wall_s: wall clock; cpu_s: user+sys CPU seconds of the process tree; load: 1-min load average at
 # the start (the machine was shared, so wall_s is an upper bound for an idle 2-core machine).
-# rc: launch.py's exit status (124: stopped at the time limit).
+# rc: launch.py's exit status (124: stopped at the time limit; cpu_s then misses the CPU time of
+# processes still running under it).
 # name | setting | wall_s | cpu_s | load | rc | flags
 """
 
