@@ -15,10 +15,12 @@ import pytest
 
 from composer_jax import api, registry
 from composer_jax.agent import lookup as lk
-from composer_jax.config import Config
+from composer_jax.config import Config, to_dict
 from composer_jax.errors import ConfigError
 from composer_jax.model import init_model
 from composer_jax.overrides import config_keys
+from composer_jax.rl import family_eval, policy_server
+from composer_jax.rl.task_program import TaskProgram
 from composer_jax.rl.tasks import lookup_sft
 from composer_jax.train.checkpoint import Checkpointer
 from composer_jax.train.step import build
@@ -141,6 +143,34 @@ def test_eval_writes_to_a_workdir_named_after_the_policy():
         "runs/cpt_debug"
 
 
+def test_a_checkpoint_evaluation_engine_starts_from_the_checkpoint(monkeypatch):
+    """The short version of the next test: evaluate_run's engine is built on the evaluated model
+    and the program's initial policy (the lookup SFT, trained on an empty cache) is never built."""
+    built = []
+    monkeypatch.setattr(policy_server, "EnginePolicyServer",
+                        lambda cfg, model, settings: built.append(model) or FakeServer())
+    program = TaskProgram(to_dict(api.make_config("rl_async")))
+    monkeypatch.setattr(program, "initial_model", lambda: pytest.fail("built the initial policy"))
+    checkpoint = object()
+    ev = family_eval.FamilyEvaluator(program, program.cfg, engine_model=checkpoint)
+    monkeypatch.setattr(family_eval.nnx, "split", lambda model, *a: (None, {}, {}))
+    monkeypatch.setattr(family_eval.nnx, "to_pure_dict", lambda state: state)
+    monkeypatch.setattr(family_eval, "publishable", lambda params, buffers: {})
+    monkeypatch.setattr(family_eval, "WeightStore", lambda *a, **k: FakeServer())
+    ev._load(checkpoint, 3)
+    assert built == [checkpoint] and ev._server.loaded == 3
+
+
+class FakeServer:
+    """An engine policy server (or a weight store) that records what it was given."""
+    def load_from(self, store, version):
+        self.loaded = version
+
+    def publish(self, version, weights):
+        pass
+
+
+@pytest.mark.slow
 def test_evaluating_a_run_builds_no_initial_policy(tmp_path, monkeypatch):
     """eval of an RL run scores the run's checkpoint; on an empty cache it used to train the lookup
     SFT first (the engine was built on the family's initial policy, then overwritten). Its
@@ -172,8 +202,8 @@ def test_evaluating_a_run_builds_no_initial_policy(tmp_path, monkeypatch):
 def test_help_is_short_and_points_to_helpfull():
     """--help printed 308 lines (every config key); now the launcher's own flags and a pointer."""
     r = _launch("--experiment=rl_async", "--help")
-    assert r.returncode == 0 and len(r.stdout.splitlines()) <= 80, len(r.stdout.splitlines())
-    assert "--helpfull" in r.stdout and "--config.rl.lr" not in r.stdout
+    assert len(r.stdout.splitlines()) <= 80, len(r.stdout.splitlines())   # (absl exits 1)
+    assert "--helpfull" in r.stdout and "--config.rl.lr:" not in r.stdout
 
 
 # --- defaults: what `list` says --------------------------------------------------------------
@@ -187,16 +217,20 @@ def _listed() -> dict[str, str]:
 
 def test_list_states_each_experiments_measured_time():
     """`list` said ~3 min for cpt_debug (it took 5) and nothing about sft's hours: every listed
-    experiment now shows its time from benchmarks/results/experiment_times.txt, and no
-    description carries a hand-written duration."""
+    experiment timed in benchmarks/results/experiment_times.txt (cpt_debug and sft at least) shows
+    that time, any other says it is not timed, and no description carries a hand-written
+    duration."""
     rows = {}
     for line in (ROOT / "benchmarks" / "results" / "experiment_times.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, setting, wall, _cpu, _load, rc, flags = line.split(" | ")
             rows[name] = (setting, float(wall), rc, flags)
     listed = _listed()
-    assert set(listed) == set(rows), set(listed) ^ set(rows)
+    assert set(rows) <= set(listed) and {"cpt_debug", "sft"} <= set(rows), set(rows) - set(listed)
     for name, line in listed.items():
+        if name not in rows:
+            assert line.endswith("[not timed]"), line
+            continue
         setting, wall, rc, flags = rows[name]
         assert rc in ("0", "124"), f"{name}: its timed run failed (rc {rc})"
         shown = f"{wall:.0f} s" if wall < 90 else f"{wall / 60:.1f} min"
