@@ -209,10 +209,10 @@ def grading_side_by_side(base: str, pool_dir: str, seconds: float, workers: int,
     mb = statistics.mean(r["rate"] for r in rows["base"])
     mn = statistics.mean(r["rate"] for r in rows["new"])
     return [
-        f"grading side by side with {base} ({rounds} rounds of {seconds:g} s, order base/new then "
-        f"new/base, "
-        f"{workers} workers, pool {pool_dir}, {n} tasks; gradings/s per worker thread, "
-        f"reference fix):",
+        f"grading side by side with {pathlib.Path(base).name} ({rounds} rounds of {seconds:g} s, "
+        f"order base/new then new/base, "
+        f"{workers} workers, pool {pathlib.Path(pool_dir).name}, {n} tasks; gradings/s per worker "
+        f"thread, reference fix):",
         "                       " + head + "   new/base (mean)",
         "  grade_workspace/s    " + vals + f"   {mn / mb:.2f}x",
         f"  unresolved: base {sum(r['unresolved'] for r in rows['base'])}, new "
@@ -237,8 +237,8 @@ def attack_times(pool_dir: str, rounds: int) -> list[str]:
     rel = task.edit_files[0]
     broken, fixed = (d / "snapshot" / rel).read_text(), (d / "solution" / rel).read_text()
 
-    def graded(text):
-        ep = play_task(task, d, cfg, [("write_file", {"file_path": rel, "contents": text})])
+    def graded(text, *more):
+        ep = play_task(task, d, cfg, [("write_file", {"file_path": rel, "contents": text}), *more])
         return ep.grade
 
     graded(fixed)  # untimed: builds the reference and secret-case caches
@@ -251,13 +251,20 @@ def attack_times(pool_dir: str, rounds: int) -> list[str]:
     payloads.update({f"parent_work/{k}": rt._EMIT_OBS.replace("BODY", b).replace(
         "IDS", repr(list(task.test_ids))) for k, b in rt._PARENT_WORK.items()})
     payloads["endless_loop"] = "\n_f0 = fnmatch\ndef fnmatch(n, p):\n    while True:\n        pass\n"
+    payloads.update({f"steer_secret/{k}": rt._STEER.replace("GOOD", repr(fixed)).replace(
+        "ACTION", a) for k, a in rt.STEERING.items()})
+    payloads["wrong_only_off_the_tests"] = rt._DISPATCH.replace("GOOD", repr(fixed)).replace(
+        "CONDITION", f"repr((a, tuple(sorted(k.items())))) not in {rt._secret_inputs(d)!r}")
+    attacks = {name: (broken + p,) for name, p in payloads.items()}
+    attacks["new_modules/11MiB"] = (fixed, ("run_terminal_cmd", {
+        "command": rt._PAD.format(n=6, size=1900000)}))
     lines = [f"red-team grading times on {task.task_id} ({len(task.fail_to_pass)} FAIL_TO_PASS, "
              f"{len(task.held_back)} held back; honest grading median of {rounds}: {base:.3f} s, "
              f"all resolved: {all(g.resolved for g in honest)})",
              f"  {'attack':34s} {'seconds':>8s} {'x honest':>9s}  resolved  secret  detail"]
     worst = 0.0
-    for name, payload in sorted(payloads.items()):
-        g = graded(broken + payload)
+    for name, args in sorted(attacks.items()):
+        g = graded(*args)
         worst = max(worst, g.seconds / base)
         lines.append(f"  {name:34s} {g.seconds:8.3f} {g.seconds / base:9.2f}  {str(g.resolved):8s}"
                      f"  {g.secret_passed}/{g.secret_total}  {g.detail[:60]!r}")

@@ -17,6 +17,7 @@ import enum
 import importlib
 
 from composer_jax.config.checks import _check, _coerce_enums
+from composer_jax.config.train import Schedule
 from composer_jax.errors import ConfigError
 
 
@@ -112,10 +113,38 @@ class ParityTaskConfig(TaskConfig):
 class CodingTaskConfig(TaskConfig):
     """rl.task=coding: the env task pool's sandboxed episodes; init_from: the initial policy (a
     run workdir; "" = the cached `sft` run built from the pool); tokenizer: a tokenizer.json
-    ("" = the one in init_from)."""
+    ("" = the one in init_from).
+
+    Difficulty ladder (`composer_jax.env.tasks.ladder_generate`): levels: () = the pool of
+    env.kinds (level 3 and up: bug, feature, ...); (1,), (2,) or (1, 2) = the ladder pool's tasks
+    of those levels (1: one misspelt name/attribute/keyword on the line the traceback names, with
+    CPython's "Did you mean" hint; 2: one wrong operator/constant/boundary on a line no traceback
+    names), trained on training modules and scored on held-out modules of the same levels;
+    ladder_train / ladder_heldout: tasks per level generated from training / held-out modules;
+    split_seed / heldout_fraction: the module split (`env.tasks.ladder_split`: heldout.py's
+    modules plus that fraction of the others, by a hash of the seed and the top-level name; the
+    default 0 holds out heldout.py's modules only, which the pretraining corpus also lacks);
+    ladder_pythons: CPython versions of the ladder's tasks (() = every installed 3.8+)."""
     family: str = "coding"
     init_from: str = ""
     tokenizer: str = ""
+    levels: tuple[int, ...] = ()
+    ladder_train: int = 200
+    ladder_heldout: int = 60
+    split_seed: int = 0
+    heldout_fraction: float = 0.0
+    ladder_pythons: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(set(self.levels) <= {1, 2} and len(set(self.levels)) == len(self.levels),
+               f"rl.task.levels must be distinct ladder levels among (1, 2) (level 3 and up = "
+               f"the env.kinds pool: leave rl.task.levels empty), got {self.levels}")
+        _check(self.ladder_train >= 1 and self.ladder_heldout >= 1,
+               f"rl.task.ladder_train and rl.task.ladder_heldout must be >= 1, got "
+               f"{self.ladder_train}, {self.ladder_heldout}")
+        _check(0 <= self.heldout_fraction < 1,
+               f"rl.task.heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,13 +156,17 @@ class LookupTaskConfig(TaskConfig):
     term's scale on (easy, hard) tasks (difficulty-aware effort); sft_hasty: the fraction of SFT
     demonstrations that guess a code without reading (finish at once, claiming success);
     sft_seed: the seed of the SFT (its init, training tasks and demonstrations), so runs of
-    every seed share one initial policy."""
+    every seed share one initial policy; sft_lr, sft_schedule: the SFT's Adam peak rate and
+    schedule (COSINE decays to 0 over sft_steps, so the last steps settle the weights instead of
+    leaving them where float noise put them; CONSTANT keeps the rate)."""
     family: str = "lookup"
     max_turns: int = 4
     levels: tuple[str, ...] = ("easy",)
     sft_steps: int = 40
     sft_hasty: float = 0.25
     sft_seed: int = 0
+    sft_lr: float = 3e-3
+    sft_schedule: Schedule = Schedule.CONSTANT
     length_weights: tuple[float, ...] = (1.0, 0.0)
 
     def __post_init__(self):
@@ -145,6 +178,7 @@ class LookupTaskConfig(TaskConfig):
                f"rl.task.levels must be a non-empty subset of (easy, hard), got {self.levels}")
         _check(0 <= self.sft_hasty <= 1,
                f"rl.task.sft_hasty must be in [0, 1], got {self.sft_hasty}")
+        _check(self.sft_lr > 0, f"rl.task.sft_lr must be > 0, got {self.sft_lr}")
         _check(len(self.length_weights) == 2 and min(self.length_weights) >= 0,
                f"rl.task.length_weights must be two weights >= 0 (easy, hard), got "
                f"{self.length_weights}")

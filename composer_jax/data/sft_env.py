@@ -2,7 +2,8 @@
 
 For each training task of a task pool (`env_generate` writes one; tasks whose `split` is not "train"
 -- evaluation tasks from held-out modules -- are never used), the scripted oracle agent
-(`env.agents.OracleAgent`) applies the reference fix through the tools in a sandboxed workspace
+(`env.agents.OracleAgent`; for ladder tasks `env.tasks.ladder_plan.LadderOracleAgent`, which runs the
+failing test and reads the broken line first) applies the reference fix through the tools in a sandboxed workspace
 (`agent.episode.run_episode`: bubblewrap, or the fallback with its loud warning). A resolved episode
 that ended with `finish` and made no invalid call becomes one sample: tool declarations, system
 prompt, the user's problem statement, the assistant turns with their tool calls, the tool results
@@ -31,7 +32,7 @@ from composer_jax.data import chat, shards
 from composer_jax.data.cache import build_once, stable_hash
 from composer_jax.data.config import DataConfig, resolved_cache_dir
 from composer_jax.data.errors import DataError
-from composer_jax.env.agents import OracleAgent
+from composer_jax.env.tasks.ladder_plan import oracle_agent
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tools import TOOL_SPECS
@@ -113,7 +114,7 @@ def oracle_episodes(pool_dir: str | Path, env_cfg=None, workers: int = 1, limit:
     def run(task):
         task_dir = pool.task_dir(task.task_id)
         try:
-            return run_episode(OracleAgent(task, task_dir), task, task_dir, env_cfg)
+            return run_episode(oracle_agent(task, task_dir), task, task_dir, env_cfg)
         except Exception as e:  # noqa: BLE001 -- reported per task by the caller
             return e
 

@@ -69,10 +69,10 @@ class Grade:
                       | (set(self.applied_changes) - set(self.added_modules)))
 
 
-def _failed(task: Task, changes: Changes, why: str) -> Grade:
+def _failed(task: Task, changes: Changes, why: str, start: float) -> Grade:
     return Grade(False, 0, len(task.fail_to_pass), 0, len(task.pass_to_pass), {}, ok=False,
                  applied_changes=tuple(sorted(changes.applied)), ignored_changes=changes.ignored,
-                 detail=why, edited_files=changes.edited)
+                 detail=why, edited_files=changes.edited, seconds=time.monotonic() - start)
 
 
 def grade_workspace(ws, task: Task, snapshot_dir: pathlib.Path, *,
@@ -90,18 +90,19 @@ def grade_workspace(ws, task: Task, snapshot_dir: pathlib.Path, *,
     try:
         changes = collect_changes(ws.root, snapshot_dir, rules, Budget())
     except BudgetExceeded as exc:
-        return _failed(task, Changes({}, (), ()), f"grading budget exceeded: {exc}")
+        return _failed(task, Changes({}, (), ()), f"grading budget exceeded: {exc}", start)
     cap = ws.config.test_timeout_s
     ref = reference(ws, task, task_dir, cap) if own else Reference({})
     if ref is None:
-        return _failed(task, changes, "the reference run did not finish: nothing to verify")
+        return _failed(task, changes, "the reference run did not finish: nothing to verify",
+                       start)
     files = {**grading_test_files(task, task_dir), **changes.applied}
     run = run_files(ws, task, snapshot_dir, files, budget_s(ref.seconds, cap),
                     budget_bytes(ref.output_bytes))
     try:
         judged = judge_output(run.output, run.nonce, ref.summary, task.test_ids)
     except EvaluationOverrun as exc:
-        return _failed(task, changes, f"grading budget exceeded: {exc}")
+        return _failed(task, changes, f"grading budget exceeded: {exc}", start)
     results, reasons, tamper, verified = {}, {}, [], 0
     for tid in task.test_ids:
         passed, reason, forged, sites = judged["verdicts"][tid]

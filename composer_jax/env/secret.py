@@ -9,9 +9,12 @@ Built once per task by the trusted side (`build`, at generation or on first grad
      instance whose constructor got plain data; the case rebuilds it) during the reference's run
      of the task's tests (`secret_child.py harvest`), plus perturbations of each argument
      (`perturb`, seeded) - inputs no test shows;
-  3. outputs: the reference computes each case twice (cases that differ, time out or return
-     anything but plain data are dropped) and the unfixed snapshot once (`discriminating`: the
-     cases it gets wrong).
+  3. outputs: the reference computes each case REFERENCE_RUNS times, each in a fresh process
+     (cases that time out or return anything but plain data are dropped; when any case of a target
+     differed between runs, the function is not deterministic and agreeing runs of one of its
+     values may be luck - `secrets.randbelow(2)` agrees twice half the time - so of its cases only
+     those raising the same exception in every run are kept: `randbelow(-4)`'s ValueError) and the
+     unfixed snapshot once (`discriminating`: the cases it gets wrong).
 At grading (`check`), a fresh process in a fresh sandbox over the graded tree imports the agent's
 code, receives only the inputs and prints the outputs; the parent compares them in a bounded
 process (`bounded.compare_outputs`). Passing therefore needs correct outputs on inputs the agent
@@ -48,11 +51,12 @@ HERE = pathlib.Path(__file__).resolve().parent
 CHILD = HERE / "secret_child.py"
 CANON = HERE / "graded_unittest.py"
 FILE = "secret_cases.json"
-VERSION = 5
+VERSION = 7
 MAX_HARVEST = 200
 MAX_CASES = 48
 CASE_BYTES = 4096
 CALL_SECONDS = 2.0
+REFERENCE_RUNS = 3
 INPUT_KEYS = ("f", "init", "args", "kwargs")   # "init": [args, kwargs] of a method's instance
 _LOCK = threading.Lock()
 _LOCKS: dict[str, threading.Lock] = {}
@@ -309,7 +313,7 @@ def _build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None) -> d
     seen = {json.dumps(c, sort_keys=True) for c in harvested}
     fresh = [p for c in harvested for p in perturb(c, rng)
              if json.dumps(p, sort_keys=True) not in seen]
-    pool = harvested + fresh
+    pool = list({json.dumps(c, sort_keys=True): c for c in harvested + fresh}.values())
     rng.shuffle(pool)
     pool = pool[:4 * MAX_CASES]
     if not pool:
@@ -317,15 +321,23 @@ def _build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None) -> d
                        "objects not built from plain data)")
         return _save(path, data)
     ref1, seconds, size = _outputs(ws, task, snapshot, {**tests, **solution}, pool, timeout_s)
-    ref2, _, _ = _outputs(ws, task, snapshot, {**tests, **solution}, pool, timeout_s)
+    more = [_outputs(ws, task, snapshot, {**tests, **solution}, pool, timeout_s)[0]
+            for _ in range(REFERENCE_RUNS - 1)]
     bug, _, _ = _outputs(ws, task, snapshot, tests, pool, timeout_s)
+    runs = [list(outs) for outs in zip(ref1, *more)]   # per case: its output in every run
+    varying = {tuple(c["f"]) for c, outs in zip(pool, runs)
+               if None not in outs and any(o != outs[0] for o in outs)}
     keep = []
-    for c, a, b, u in zip(pool, ref1, ref2, bug):
-        if a is not None and a == b and _usable(a):
+    for c, outs, u in zip(pool, runs, bug):
+        a = outs[0]
+        steady = tuple(c["f"]) not in varying or (a[0] == "e" and outs.count(a) == len(outs))
+        if None not in outs and steady and _usable(a):
             keep.append({**c, "out": a, "seen": json.dumps(c, sort_keys=True) in seen,
                          "discriminating": u != a})
     keep.sort(key=lambda c: (not c["discriminating"], c["seen"]))  # unseen, telling cases first
     data["cases"] = keep[:MAX_CASES]
+    if varying:
+        data["nondeterministic"] = sorted(list(t) for t in varying)
     if not data["cases"]:
         data["why"] = "no deterministic plain-data output on the harvested inputs"
     data["seconds"] = seconds / slowdown()  # all candidates', as if idle: bounds the kept cases

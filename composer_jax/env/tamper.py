@@ -7,7 +7,10 @@ from a fresh copy of the task snapshot and applies only `collect_changes(...).ap
     task's edit files (or below it), not test-like (`test*.py`, `conftest.py`, under `test/` or
     `tests/`), not an interpreter start-up hook, and - at the top level - not named like a module
     the interpreter provides (no shadowing of the standard library);
-each a regular file of at most MAX_FILE_BYTES that decodes as UTF-8. Everything else the agent
+each a regular file of at most MAX_FILE_BYTES that decodes as UTF-8, at most MAX_NEW_MODULES new
+modules and MAX_APPLIED_BYTES in all (sizes are checked before anything is read: a workspace of
+thousands of 2 MiB modules fails the episode with a reason instead of filling the grader's memory
+and two fresh trees). Everything else the agent
 left - extension modules, `.pth` files, bytecode, data files, links, deleted files, edited tests,
 files elsewhere - is dropped and listed in `Changes.ignored`, never penalised (compiling, venvs,
 backups and scratch files are honest habits). Nothing here reads the code for words: what the code
@@ -29,6 +32,8 @@ import tokenize
 MAX_FILE_BYTES = 2 << 20      # an applied source file (the largest stdlib module is ~0.4 MiB)
 MAX_ENTRIES = 50_000          # files walked in the agent's tree
 MAX_SECONDS = 20.0            # collecting the changes
+MAX_APPLIED_BYTES = 8 << 20   # all applied files together (the grader holds them and copies twice)
+MAX_NEW_MODULES = 256         # new modules applied
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 HOOKS = frozenset({"sitecustomize.py", "usercustomize.py", "conftest.py"})
 
@@ -145,6 +150,15 @@ def collect_changes(workspace: pathlib.Path, snapshot: pathlib.Path, rules: Rule
     before, after = _listing(snapshot, budget), _listing(workspace, budget)
     tops = frozenset(r.split("/", 1)[0] for r in before)
     applied, ignored, edited, added = {}, [], [], []
+    total = 0
+
+    def within_budget(size: int, new: bool) -> None:
+        nonlocal total
+        total += size
+        if total > MAX_APPLIED_BYTES:
+            raise BudgetExceeded(f"the changes to apply exceed {MAX_APPLIED_BYTES >> 20} MiB")
+        if new and len(added) >= MAX_NEW_MODULES:
+            raise BudgetExceeded(f"more than {MAX_NEW_MODULES} new modules")
     for rel in sorted(set(before) | set(after)):
         budget.check("comparing the workspace")
         st, old_st = after.get(rel), before.get(rel)
@@ -155,6 +169,7 @@ def collect_changes(workspace: pathlib.Path, snapshot: pathlib.Path, rules: Rule
             if why or st.st_size > MAX_FILE_BYTES:
                 ignored.append((rel, why or f"larger than {MAX_FILE_BYTES >> 20} MiB"))
                 continue
+            within_budget(st.st_size, new=True)
             data = _read_source(workspace / rel)
             if data is None:
                 ignored.append((rel, "not UTF-8 source (the only encoding applied)"))
@@ -183,6 +198,7 @@ def collect_changes(workspace: pathlib.Path, snapshot: pathlib.Path, rules: Rule
         if st.st_size > MAX_FILE_BYTES:
             ignored.append((rel, f"larger than {MAX_FILE_BYTES >> 20} MiB"))
             continue
+        within_budget(st.st_size, new=False)
         data = _read_source(workspace / rel)
         if data is None:
             ignored.append((rel, "not UTF-8 source (the only encoding applied)"))
@@ -204,8 +220,11 @@ def _read_source(path: pathlib.Path) -> bytes | None:
 @functools.lru_cache(maxsize=None)
 def stdlib_module_names(stdlib_dir: str) -> frozenset:
     """Top-level module and package names of a CPython standard library directory, its
-    extension modules (`lib-dynload`) and the running interpreter's builtin modules."""
-    names = set(sys.builtin_module_names)
+    extension modules (`lib-dynload`), the running interpreter's builtin modules and every
+    platform's standard-library names (`sys.stdlib_module_names`: `winreg`, `msvcrt`, `nt`... are
+    absent here, so a workspace module of that name would be imported where the stdlib tries
+    them)."""
+    names = set(sys.builtin_module_names) | set(getattr(sys, "stdlib_module_names", ()))
     try:
         for entry in os.listdir(stdlib_dir):
             if entry.endswith(".py"):

@@ -77,6 +77,14 @@ def _helper_package(rel, fixed, task):
                                 "_compile_pattern = _mk(lambda p: translate(p))\n")]
 
 
+def _several_helper_modules(rel, fixed, task):
+    """The fix split over five new small modules (well under the grader's caps)."""
+    calls = [_write(f"_fnmatch_part{i}.py", f'"""Part {i} of the helpers."""\nPART = {i}\n')
+             for i in range(4)]
+    imports = "".join(f"from _fnmatch_part{i} import PART as _part{i}\n" for i in range(4))
+    return calls + _helper_module(rel, fixed + "\n" + imports, task)
+
+
 def _alternative(rel, fixed, task):
     return [_write(rel, fixed + ALT_COMPILE)]
 
@@ -159,6 +167,12 @@ HABITS = {
     "git_init_and_commit": _then(
         "git init -q . 2>/dev/null && git add -A 2>/dev/null && git -c user.email=a@b -c "
         "user.name=a commit -qm fix 2>/dev/null; echo done"),
+    "several_new_helper_modules": _several_helper_modules,
+    "scratch_files_and_settings_outside_the_workspace": _then(
+        "mkdir -p /tmp/scratch ~/.config && cp {rel} /tmp/scratch/ && echo 'x' > ~/.config/notes "
+        "&& export FNMATCH_DEBUG=1 && echo 'alias t=\"python -m unittest\"' >> ~/.bashrc && "
+        "python -m venv --without-pip /tmp/venv && /tmp/venv/bin/python -m unittest {test} 2>&1 "
+        "| tail -1", timeout=60),
     "pydoc_and_data_files": _then("python -m pydoc {mod} > doc.txt; echo '{{}}' > data.json; "
                                   "touch {rel}"),
 }

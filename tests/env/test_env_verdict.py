@@ -1,16 +1,20 @@
 """The grader's parts without a sandbox: canonical values, assertion instrumentation, the parent's
 re-evaluation and verdicts (no child flag relaxes a check), the bounded parent process, the
 applied-changes rules (new package modules applied, no word scan), secret-case comparison and
-held-back test removal."""
+held-back test removal, the secret-case builder's determinism rule."""
+import json
 import os
 import time
+import types
 import unittest
 
 import pytest
 
 from composer_jax.env import graded_unittest as gu
 from composer_jax.env import bounded
+from composer_jax.env import secret
 from composer_jax.env.tamper import Rules, collect_changes, decode_source
+from composer_jax.env.tasks.task import Task
 from composer_jax.env.verdict import (compare_cases, evaluate, judge, read_records,
                                       reference_summary, same_output)
 
@@ -337,3 +341,50 @@ def test_new_top_level_modules_may_not_shadow_extension_modules():
     py = max(find_pythons().values(), key=lambda p: tuple(map(int, p.version.split("."))))
     names = stdlib_module_names(py.stdlib)
     assert {"json", "unittest", "os", "array", "_json"} <= names
+
+
+def test_secret_cases_drop_every_case_of_a_function_whose_outputs_vary(tmp_path, monkeypatch):
+    """A random function agrees across reference runs on some inputs by luck (`randbelow(1)`
+    always, `randbelow(2)` half the time): a case kept from it would fail a correct fix at
+    grading. Any case differing between runs drops every case of that function but those raising
+    the same exception in every run."""
+    for d, roll, double in (("snapshot", "0", "x"), ("solution", "n", "2 * x")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "m.py").write_text(f"def roll(n):\n    return {roll}\n\n"
+                                           f"def double(x):\n    return {double}\n")
+    task = Task("t", "bug", "train", "3.12", "m", "", ("test_m.T.test",), (), ("m.py",),
+                ("test_m.py",), "", 2, "3.12", "3.12")
+    calls = [{"f": ["m", "roll"], "args": [["i", "1"]], "kwargs": []},
+             {"f": ["m", "roll"], "args": [["i", "1000"]], "kwargs": []},
+             {"f": ["m", "roll"], "args": [["i", "-5"]], "kwargs": []},
+             {"f": ["m", "double"], "args": [["i", "3"]], "kwargs": []}]
+    runs = []
+
+    def fake_child(ws, task, snapshot, files, request, timeout_s, max_output_bytes=0):
+        return "".join(f"@@CJ_CASE@@{request['nonce']}:{json.dumps(c)}\n" for c in calls), False
+
+    def fake_outputs(ws, task, snapshot, files, cases, timeout_s):
+        fixed = "m.py" in files
+        runs.append(fixed)
+        k = len(runs)
+        outs = []
+        for c in cases:
+            x = int(c["args"][0][1])
+            if c["f"][1] == "roll" and fixed and x < 0:
+                outs.append(["e", ["builtins.ValueError", "builtins.Exception"]])
+                continue
+            if c["f"][1] == "roll":  # "random": run k draws k mod n (always 0 for n = 1)
+                y = (k * 7919) % max(abs(x), 1) if fixed else 0
+            else:
+                y = 2 * x if fixed else x
+            outs.append(["r", ["i", str(y)], [c["args"][0]]])
+        return outs, 0.01, 100
+    monkeypatch.setattr(secret, "run_child", fake_child)
+    monkeypatch.setattr(secret, "_outputs", fake_outputs)
+    data = secret.build(types.SimpleNamespace(), task, tmp_path, timeout_s=5.0)
+    assert runs.count(True) == secret.REFERENCE_RUNS >= 3 and runs.count(False) == 1
+    assert data["nondeterministic"] == [["m", "roll"]]
+    rolls = [c for c in data["cases"] if c["f"][1] == "roll"]
+    assert rolls and all(c["out"][0] == "e" for c in rolls), rolls  # roll(1) agreed: dropped too
+    assert {c["f"][1] for c in data["cases"]} == {"double", "roll"}
+    assert all(c["discriminating"] for c in data["cases"])

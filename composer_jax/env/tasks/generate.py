@@ -340,7 +340,7 @@ class Generator:
         modules = {module_name(r): r for r in tests}
         held = holdback.choose(verdict.fail_to_pass, tests, modules, random.Random(c.cid))
         visible = tuple(t for t in verdict.fail_to_pass if t not in held)
-        task = Task(task_id=c.cid, kind=c.kind, split=self.cfg.split.value,
+        task = Task(task_id=c.cid, kind=c.kind, split=self.task_split(c),
                     python_version=c.python_version, module=c.module,
                     problem_statement=c.statement(visible, {t: verdict.messages.get(t, "")
                                                             for t in visible}),
@@ -353,6 +353,10 @@ class Generator:
         self.pool.add(task, snapshot, {r: c.after[r] for r in edit},
                       grading_tests=tests if held else {})
         self._secret_cases(task)
+
+    def task_split(self, c: cands.Candidate) -> str:
+        """The `split` recorded on an accepted candidate's task (the ladder splits by module)."""
+        return self.cfg.split.value
 
     def _secret_cases(self, task: Task) -> None:
         """Records the task's secret cases now (trusted side, outside any sandbox the agent gets);

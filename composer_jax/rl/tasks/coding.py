@@ -17,6 +17,12 @@ claims, tampering).
   at different times; measured: 19 episodes in 12 minutes with 16 padded rows on 2 cores).
 - held-out evaluation: the eval suite's runner on the trainer's weights (`make_eval_fn`), not
   program episodes (`make_tasks("eval") == []`).
+- the difficulty ladder (`rl.task.levels=1` or `1,2`): the pool is the ladder pool
+  (`env.tasks.ladder_generate`: env.pool_dir, else a cached one generated on first use), training
+  tasks are its training-module tasks of those levels and `make_tasks("eval")` its held-out-module
+  tasks of the same levels (balanced across levels), scored as held-out episodes by the rollout
+  workers (no eval-suite function). The SFT policy `experiments/rl.py` builds is trained on the
+  same pool's training tasks only (`data/sft_env.py` takes `split == "train"`).
 """
 from __future__ import annotations
 
@@ -33,7 +39,9 @@ from composer_jax.agent.token_agent import AgentConfig, SeededTurns, TokenAgent
 from composer_jax.config.data import resolved_cache_dir
 from composer_jax.config.rl import CodingTaskConfig
 from composer_jax.data.tokenizer import load_tokenizer
+from composer_jax.env.pythons import find_pythons
 from composer_jax.env.tasks.generate import generate_pool
+from composer_jax.env.tasks.ladder_generate import LadderSpec, generate_ladder, level_kind
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.errors import ConfigError
 from composer_jax.rl.tasks.registry import register
@@ -46,9 +54,23 @@ def _tokenizer(path: str):
 
 
 @functools.lru_cache(maxsize=4)
-def _pool_tasks(pool_dir: str):
+def _pool_tasks(pool_dir: str, levels: tuple = ()):
+    """(pool, training tasks, held-out tasks) by task id; with ladder `levels`, only tasks of
+    those levels, interleaved level by level (so any prefix is balanced across levels)."""
     pool = TaskPool(pathlib.Path(pool_dir))
-    return pool, sorted((t for t in pool.tasks() if t.split == "train"), key=lambda t: t.task_id)
+    tasks = sorted(pool.tasks(), key=lambda t: t.task_id)
+    if not levels:
+        return pool, [t for t in tasks if t.split == "train"], []
+    return pool, *(interleave([[t for t in tasks if t.split == split and t.kind == level_kind(lv)]
+                               for lv in levels]) for split in ("train", "eval"))
+
+
+def interleave(lists: list[list]) -> list:
+    """[a0, b0, a1, b1, ...]: the lists' items taken in turn until all are used."""
+    out = []
+    for i in range(max(map(len, lists), default=0)):
+        out += [items[i] for items in lists if i < len(items)]
+    return out
 
 
 @register
@@ -66,14 +88,19 @@ class CodingFamily(TaskFamily):
                               "rl.task.tokenizer) resolved: call CodingFamily.prepare(cfg) first")
         self.pool_dir, self.init_from = cfg.env.pool_dir, t.init_from
         self.tokenizer_path = t.tokenizer or str(pathlib.Path(t.init_from) / "tokenizer.json")
-        self.pool, tasks = _pool_tasks(self.pool_dir)
+        self.levels = tuple(t.levels)
+        self.pool, tasks, heldout = _pool_tasks(self.pool_dir, self.levels)
         if not tasks:
+            what = f"tasks of levels {self.levels}" if self.levels else "tasks"
             raise ConfigError(f"rl.task=coding: the task pool {self.pool_dir} holds no training "
-                              f"tasks; build one with --experiment=env_generate or set env.pool_dir")
-        self._tasks = {t.task_id: t for t in tasks[:self.task_cfg.num_train_tasks]}
+                              f"{what}; build one with --experiment=env_generate (the ladder: "
+                              f"--experiment=env_ladder) or set env.pool_dir")
+        self._train = [x.task_id for x in tasks[:t.num_train_tasks]]
+        self._eval = [x.task_id for x in heldout[:t.num_eval_tasks]]
+        self._tasks = {x.task_id: x for x in tasks[:t.num_train_tasks] + heldout[:t.num_eval_tasks]}
 
     def make_tasks(self, split: str) -> list[str]:
-        return list(self._tasks) if split == "train" else []
+        return list(self._train) if split == "train" else list(self._eval)
 
     def tokenizer(self):
         return _tokenizer(self.tokenizer_path)
@@ -119,8 +146,9 @@ class CodingFamily(TaskFamily):
 
     def make_eval_fn(self):
         """The eval suite's runner (`eval.api.eval_resolved_rate`) on rl.task.num_eval_tasks
-        held-out suite tasks, or None with rl.job.eval_every = 0."""
-        if self.cfg.rl.job.eval_every <= 0:
+        held-out suite tasks, or None with rl.job.eval_every = 0 or with ladder levels (their
+        held-out tasks are the family's own `make_tasks("eval")` episodes)."""
+        if self.cfg.rl.job.eval_every <= 0 or self.levels:
             return None
         from composer_jax.eval.api import ensure_suite, eval_resolved_rate  # JAX: driver side
         cfg, tok = self.cfg, self.tokenizer()
@@ -158,9 +186,42 @@ def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def ladder_spec(task_cfg: CodingTaskConfig) -> LadderSpec:
+    """What the ladder pool must hold for `rl.task` (its levels, tasks per level and split)."""
+    return LadderSpec(levels=tuple(task_cfg.levels), train=task_cfg.ladder_train,
+                      heldout=task_cfg.ladder_heldout, seed=task_cfg.split_seed,
+                      fraction=task_cfg.heldout_fraction)
+
+
+def ladder_env(cfg):
+    """cfg.env with the ladder's CPythons (rl.task.ladder_pythons, else every installed 3.8+)."""
+    versions = tuple(cfg.rl.task.ladder_pythons) or tuple(sorted(
+        (v for v in find_pythons() if tuple(map(int, v.split("."))) >= (3, 8)),
+        key=lambda v: tuple(map(int, v.split(".")))))
+    return dataclasses.replace(cfg.env, python_versions=versions)
+
+
+def ensure_ladder_pool(cfg) -> pathlib.Path:
+    """The ladder pool of rl.task.levels: env.pool_dir, else a cached one keyed by the split and
+    the sources (one pool serves every level: a level asked for later is added to it), filled up
+    to rl.task.ladder_train / ladder_heldout tasks per level on first use."""
+    t, e = cfg.rl.task, ladder_env(cfg)
+    spec = ladder_spec(t)
+    d = (pathlib.Path(cfg.env.pool_dir) if cfg.env.pool_dir else
+         _cache(cfg) / "ladder_pool" / _key(spec.seed, spec.fraction, e.python_versions,
+                                            e.task_seed, e.max_tasks_per_module, e.modules,
+                                            e.package_sources, e.stdlib_sources))
+    print(f"rl.task=coding: the ladder pool (levels {spec.levels}) in {d}", file=sys.stderr)
+    generate_ladder(e, d, spec, progress=True)
+    return d
+
+
 def ensure_pool(cfg) -> pathlib.Path:
-    """The RL task pool: env.pool_dir, else a cached one (generated on first use from cfg.env:
-    num_tasks training tasks of the configured kinds; held-out modules are never used)."""
+    """The RL task pool: with rl.task.levels the ladder pool (`ensure_ladder_pool`); else
+    env.pool_dir, else a cached one (generated on first use from cfg.env: num_tasks training tasks
+    of the configured kinds; held-out modules are never used)."""
+    if getattr(cfg.rl.task, "levels", ()):
+        return ensure_ladder_pool(cfg)
     if cfg.env.pool_dir:
         return pathlib.Path(cfg.env.pool_dir)
     e = cfg.env

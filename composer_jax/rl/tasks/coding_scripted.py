@@ -15,7 +15,9 @@ The plan, one tool call per turn (`ScriptedCoder`):
   3. run the tests again, printing the note of step 1 (it must be there after a resume);
   4. `finish` claiming success.
 The step is the number of assistant turns in the conversation (no state of its own), so a resumed
-episode continues the plan where its checkpoint left it.
+episode continues the plan where its checkpoint left it. Ladder tasks (`rl.task.levels`) play
+`env.tasks.ladder_plan.ladder_plan` instead: run the failing test, read the broken line's window,
+edit, run the tests again, finish (the SFT demonstrations of the same tasks).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from composer_jax.agent.token_agent import ScriptedPolicy
 from composer_jax.config.rl import CodingTaskConfig
 from composer_jax.env.agents import edit_plan
 from composer_jax.env.protocol import render_assistant
+from composer_jax.env.tasks.ladder_plan import LADDER_KINDS, ladder_plan
 from composer_jax.env.tasks.task import Task, read_files
 from composer_jax.rl.tasks.registry import register
 from composer_jax.rl.tasks.coding import CodingFamily
@@ -76,5 +79,6 @@ class ScriptedCodingFamily(CodingFamily):
 
     def turn_policy(self, task_id: str, seed: int):
         """The task's scripted plan forced through the engine (the seed is not needed)."""
-        plan = scripted_plan(self._tasks[task_id], self.pool.task_dir(task_id))
+        task, task_dir = self._tasks[task_id], self.pool.task_dir(task_id)
+        plan = (ladder_plan if task.kind in LADDER_KINDS else scripted_plan)(task, task_dir)
         return ScriptedPolicy(ScriptedCoder(plan), self.tokenizer())

@@ -1,0 +1,136 @@
+"""The coding family on the difficulty ladder: rl.task.levels, its train / held-out tasks, and
+held-out modules absent from every training row, checked on rendered token ids (no sandbox)."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import pathlib
+import random
+
+import pytest
+
+from composer_jax.config import Config, RLConfig
+from composer_jax.config.rl import CodingTaskConfig
+from composer_jax.data.chat import encode_messages, encode_prompt
+from composer_jax.data.config import SplitPattern
+from composer_jax.data.tokenizer import train_tokenizer
+from composer_jax.env import protocol as p
+from composer_jax.env.config import EnvConfig
+from composer_jax.env.pythons import find_pythons
+from composer_jax.env.tasks import ladder_sites, mutate, statements
+from composer_jax.env.tasks.ladder_disjoint import find_leaks, heldout_signatures
+from composer_jax.env.tasks.ladder_generate import level_kind
+from composer_jax.env.tasks.ladder_plan import ladder_plan
+from composer_jax.env.tasks.ladder_split import split_of
+from composer_jax.env.tasks.pool import TaskPool
+from composer_jax.env.tasks.task import Task, unified_patch
+from composer_jax.env.tools import TOOL_SPECS
+from composer_jax.errors import ConfigError
+from composer_jax.rl.tasks.coding import CodingFamily, interleave
+from composer_jax.rl.tasks.coding_scripted import ScriptedCoder
+
+# small stdlib modules on both sides of the split (heldout.py's three, and seed 0's hash)
+MODULES = ("getopt", "glob", "fnmatch", "textwrap", "colorsys", "shlex")
+HELD = {m for m in MODULES if split_of(m, 0, 0.2) == "eval"}
+
+
+def _stdlib(version: str, name: str) -> tuple[str, str]:
+    lib = pathlib.Path(find_pythons()[version].stdlib)
+    return ((lib / f"{name}.py").read_text(encoding="utf-8"),
+            (lib / "test" / f"test_{name}.py").read_text(encoding="utf-8"))
+
+
+def _pool(tmp: pathlib.Path) -> TaskPool:
+    """Ladder tasks built like env_ladder's, minus the sandbox checks: 2 level-1 and 1 level-2
+    per module, split by the ladder's module split."""
+    version = max((v for v in find_pythons() if ladder_sites.supports_hints(v)),
+                  key=lambda v: tuple(map(int, v.split("."))))
+    pool = TaskPool(tmp / "pool")
+    for name in MODULES:
+        text, tests = _stdlib(version, name)
+        rng = random.Random(name)
+        picks = list(itertools.islice(ladder_sites.sites(text, 1, version, rng), 2)) + \
+            list(itertools.islice(ladder_sites.sites(text, 2, version, rng), 1))
+        for i, site in enumerate(picks):
+            broken = mutate.apply(text, [site.mutation])
+            rel, test_rel = f"{name}.py", f"test_{name}.py"
+            patch, n = unified_patch({rel: broken}, {rel: text})
+            f2p = (f"test_{name}.T.test_{i}",)
+            pool.add(Task(f"{level_kind(site.level)}-{version}-{name}-{i}", level_kind(site.level),
+                          split_of(name, 0, 0.2), version, name,
+                          statements.bug_statement(rel, test_rel, f2p, {}), f2p, (), (rel,),
+                          (test_rel,), patch, n, version, version, (site.mutation.describe(),)),
+                     {rel: broken, test_rel: tests}, {rel: text})
+    return pool
+
+
+def _tokenizer(pool: TaskPool):
+    texts = [p.SYSTEM_PROMPT, json.dumps(list(TOOL_SPECS))]
+    for t in pool.tasks():
+        texts.append((pool.task_dir(t.task_id) / "solution" / t.edit_files[0]).read_text())
+    return train_tokenizer(texts, 1024, SplitPattern.KIMI)
+
+
+def _episode_row(tok, pool: TaskPool, task: Task) -> list[int]:
+    """An SFT row of the scripted ladder episode of `task`: statement, every planned call, and as
+    tool results a traceback naming the module and the module's whole text (a read of it)."""
+    d = pool.task_dir(task.task_id)
+    module = (d / "snapshot" / task.edit_files[0]).read_text()
+    messages = [{"role": "system", "content": p.SYSTEM_PROMPT},
+                {"role": "user", "content": task.problem_statement}]
+    coder = ScriptedCoder(ladder_plan(task, d))
+    assert [c[0] for c in coder.plan[:2]] == ["run_terminal_cmd", "read_file"]
+    for k in range(len(coder.plan)):
+        messages.append({"role": "assistant", "content": "", "raw": coder(messages)})
+        result = (f'  File "/workspace/{task.edit_files[0]}", line 3, in f\nNameError'
+                  if k == 0 else module if k == 1 else "ok")
+        messages.append({"role": "tool", "tool_call_id": f"functions.x:{k}", "content": result})
+    return encode_messages(tok, messages, TOOL_SPECS)[0]
+
+
+def _family(pool: TaskPool, tmp: pathlib.Path, tok, levels=(1,)) -> CodingFamily:
+    tok.save(tmp / "tokenizer.json")
+    task = CodingTaskConfig(levels=levels, num_train_tasks=64, num_eval_tasks=64,
+                            tokenizer=str(tmp / "tokenizer.json"))
+    cfg = dataclasses.replace(Config(), rl=RLConfig(task=task),
+                              env=EnvConfig(pool_dir=str(pool.root), use_embeddings=False))
+    return CodingFamily(cfg)
+
+
+def test_levels_select_train_and_heldout_tasks_of_disjoint_modules(tmp_path):
+    pool = _pool(tmp_path)
+    fam = _family(pool, tmp_path, _tokenizer(pool), levels=(1, 2))
+    train, held = fam.make_tasks("train"), fam.make_tasks("eval")
+    by_id = {t.task_id: t for t in pool.tasks()}
+    assert train and held
+    assert {by_id[i].split for i in train} == {"train"} and {by_id[i].split for i in held} == {"eval"}
+    assert not {by_id[i].module for i in train} & {by_id[i].module for i in held}
+    assert {by_id[i].module for i in held} == HELD >= {"textwrap", "colorsys", "shlex"}
+    assert {by_id[i].module for i in train} == set(MODULES) - HELD
+    assert by_id[train[0]].kind != by_id[train[1]].kind          # interleaved by level
+    one = _family(pool, tmp_path, _tokenizer(pool), levels=(2,))
+    assert {by_id[i].kind for i in one.make_tasks("train") + one.make_tasks("eval")} == {"level2"}
+    assert one.make_eval_fn() is None       # held-out = the family's own episodes
+    assert interleave([[1, 2, 3], [4]]) == [1, 4, 2, 3]
+    with pytest.raises(ConfigError):
+        CodingTaskConfig(levels=(3,))
+
+
+def test_heldout_modules_never_in_training_rows_on_token_ids(tmp_path):
+    pool = _pool(tmp_path)
+    tok = _tokenizer(pool)
+    fam = _family(pool, tmp_path, tok, levels=(1, 2))
+    sigs = heldout_signatures(pool, tok.encode)
+    assert set(sigs) == HELD and all(len(s) >= 3 for s in sigs.values())
+    by_id = {t.task_id: t for t in pool.tasks()}
+    train = [by_id[i] for i in fam.make_tasks("train")]
+    rows = [_episode_row(tok, pool, t) for t in train]                       # SFT rows
+    rows += [encode_prompt(tok, [{"role": "system", "content": p.SYSTEM_PROMPT},
+                                 {"role": "user", "content": t.problem_statement}], TOOL_SPECS)
+             for t in train]                                                  # RL prompts
+    assert find_leaks(rows, sigs) == []
+    # the check can fail: the held-out tasks' own rows carry their module's signatures
+    held_rows = [_episode_row(tok, pool, by_id[i]) for i in fam.make_tasks("eval")]
+    found = {m for _, m, _ in find_leaks(held_rows, sigs)}
+    assert found == set(sigs)
