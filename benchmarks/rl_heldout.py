@@ -63,6 +63,14 @@ def offpolicy_line(per_seed: list[tuple[int, dict]]) -> str:
         f"{o['is_weight_max']:.1f})" for s, o in per_seed)
 
 
+def _shown(path: str) -> str:
+    """`path` relative to the repository when it lies inside it (results name no machine paths)."""
+    try:
+        return str(pathlib.Path(path).relative_to(ROOT))
+    except ValueError:
+        return path
+
+
 def _launch(args: list[str], log: pathlib.Path) -> float:
     t0 = time.time()
     with open(log, "w") as f:
@@ -135,7 +143,7 @@ def main() -> None:
             _launch(["--experiment=eval", f"--workdir={d}", "--set", f"eval.policy={pol}"],
                     runs / f"eval_{tag}.log")
             row = json.loads((d / "eval.json").read_text())
-            out[tag] = {"policy": pol, "version": row["version"],
+            out[tag] = {"policy": _shown(pol), "version": row["version"],
                         "resolved": row["eval_resolved_rate"], "se": row["eval_resolved_se"]}
         cli = out
     lines = [
@@ -149,6 +157,11 @@ def main() -> None:
         lines.append(f"{r['seed']:>4} {r['first']:>8.3f}+-{r['first_se']:.3f} (v{r['first_version']})"
                      f" {r['last']:>8.3f}+-{r['last_se']:.3f} (v{r['last_version']})"
                      f" {r['run_elapsed_s'] or 0:>7.0f}")
+    above = sum(r["last"] > r["first"] for r in per_seed)
+    lines += ["", f"seeds ending above their version 0: {above}/{n}; longest run "
+              f"{max(r['run_elapsed_s'] or 0 for r in per_seed):.0f} s of the run's own time, "
+              f"{max(r['wall_s'] for r in per_seed):.0f} s wall (the first seed's wall includes "
+              f"training the SFT policy into the cache)"]
     lines += ["", f"pooled over {n} seeds ({per_seed[0]['num_tasks']} held-out tasks each): "
               f"first {first:.3f} +- {se_first:.3f}, last {last:.3f} +- {se_last:.3f}, "
               f"z = {z:.2f}",
@@ -167,6 +180,10 @@ def main() -> None:
         lines += ["", "command line (seed %d): " % seeds[0] + "; ".join(
             f"eval.policy={c['policy']} -> version {c['version']}, resolved {c['resolved']:.3f} "
             f"+- {c['se']:.3f}" for c in cli.values()),
+            "z (command line, version %d -> %d) = %.2f" % (
+                cli["first"]["version"], cli["last"]["version"],
+                (cli["last"]["resolved"] - cli["first"]["resolved"])
+                / max(math.hypot(cli["first"]["se"], cli["last"]["se"]), 1e-12)),
             "same as the run's own: " + str(
                 abs(cli["first"]["resolved"] - per_seed[0]["first"]) < 1e-9
                 and abs(cli["last"]["resolved"] - per_seed[0]["last"]) < 1e-9)]

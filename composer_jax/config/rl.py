@@ -17,6 +17,7 @@ import enum
 import importlib
 
 from composer_jax.config.checks import _check, _coerce_enums
+from composer_jax.config.train import Schedule
 from composer_jax.errors import ConfigError
 
 
@@ -155,13 +156,17 @@ class LookupTaskConfig(TaskConfig):
     term's scale on (easy, hard) tasks (difficulty-aware effort); sft_hasty: the fraction of SFT
     demonstrations that guess a code without reading (finish at once, claiming success);
     sft_seed: the seed of the SFT (its init, training tasks and demonstrations), so runs of
-    every seed share one initial policy."""
+    every seed share one initial policy; sft_lr, sft_schedule: the SFT's Adam peak rate and
+    schedule (COSINE decays to 0 over sft_steps, so the last steps settle the weights instead of
+    leaving them where float noise put them; CONSTANT keeps the rate)."""
     family: str = "lookup"
     max_turns: int = 4
     levels: tuple[str, ...] = ("easy",)
     sft_steps: int = 40
     sft_hasty: float = 0.25
     sft_seed: int = 0
+    sft_lr: float = 3e-3
+    sft_schedule: Schedule = Schedule.CONSTANT
     length_weights: tuple[float, ...] = (1.0, 0.0)
 
     def __post_init__(self):
@@ -173,6 +178,7 @@ class LookupTaskConfig(TaskConfig):
                f"rl.task.levels must be a non-empty subset of (easy, hard), got {self.levels}")
         _check(0 <= self.sft_hasty <= 1,
                f"rl.task.sft_hasty must be in [0, 1], got {self.sft_hasty}")
+        _check(self.sft_lr > 0, f"rl.task.sft_lr must be > 0, got {self.sft_lr}")
         _check(len(self.length_weights) == 2 and min(self.length_weights) >= 0,
                f"rl.task.length_weights must be two weights >= 0 (easy, hard), got "
                f"{self.length_weights}")

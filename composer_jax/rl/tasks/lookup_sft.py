@@ -51,28 +51,31 @@ def sft_batches(tokenizer, tasks, *, steps: int, batch: int, seq_len: int, seed:
         yield add_targets(rows, 0)
 
 
-def sft_policy(cfg, train_tasks, steps: int, lr: float = 3e-3, batch: int = 16, demo=None):
+def sft_policy(cfg, train_tasks, steps: int, lr: float | None = None, batch: int = 16,
+               demo=None):
     """A fresh `cfg.model` (seed rl.task.sft_seed) after `steps` Adam steps of the "lm" loss on
-    demonstrations of `train_tasks` (sampled with rl.task.sft_seed; `demo`: `sft_batches`) ->
-    (params, buffers) as numpy pure dicts."""
+    demonstrations of `train_tasks` (sampled with rl.task.sft_seed; `demo`: `sft_batches`) at
+    rl.task.sft_lr (or `lr`) on rl.task.sft_schedule -> (params, buffers) as numpy pure dicts."""
     t = cfg.rl.task
     tok = lk.lookup_tokenizer(cfg.model.vocab_size)
     batches = sft_batches(tok, train_tasks, steps=steps, batch=batch,
                           seq_len=sft_length(tok, train_tasks, cfg.rl.seq_len, demo),
                           seed=t.sft_seed, hasty=t.sft_hasty, demo=demo) if steps else iter(())
-    return lm_policy(cfg, batches, steps, lr)
+    return lm_policy(cfg, batches, steps, t.sft_lr if lr is None else lr, t.sft_schedule)
 
 
-def lm_policy(cfg, batches, steps: int, lr: float = 3e-3) -> tuple[dict, dict]:
+def lm_policy(cfg, batches, steps: int, lr: float = 3e-3,
+              schedule: Schedule = Schedule.CONSTANT) -> tuple[dict, dict]:
     """A fresh `cfg.model` (seed rl.task.sft_seed) after one Adam step of the "lm" loss on each
     of `steps` batches of `batches` (rows with tokens, segment_ids, positions, trainable and
-    targets) -> (params, buffers) as numpy pure dicts."""
+    targets), at peak rate `lr` on `schedule` (COSINE: down to 0 at the last step) -> (params,
+    buffers) as numpy pure dicts."""
     model = init_model(cfg.model, cfg.rl.task.sft_seed, cfg.execution, cfg.train.init_std)
     if steps == 0:
         _, p, b = nnx.split(model, nnx.Param, ...)
         return jax.device_get(nnx.to_pure_dict(p)), jax.device_get(nnx.to_pure_dict(b))
     tcfg = dataclasses.replace(cfg, train=dataclasses.replace(
-        cfg.train, lr=lr, warmup_steps=0, schedule=Schedule.CONSTANT, weight_decay=0.0,
+        cfg.train, lr=lr, warmup_steps=0, schedule=schedule, min_lr_ratio=0.0, weight_decay=0.0,
         grad_clip=1.0, steps=steps, loss="lm"))
     fns, state = build(model, tcfg, loss="lm")
     for b in batches:
@@ -123,6 +126,8 @@ def _key(cfg, salt: str = "", train=None) -> str:
     parts = [to_dict(cfg.model), to_dict(cfg.execution), t.sft_seed, t.sft_steps, rl.seq_len,
              list(t.levels), t.num_train_tasks, cfg.train.init_std, lk.SYSTEM, lk.PREAMBLES,
              t.sft_hasty, "v2", _code_hash(train)] + ([salt] if salt else [])
+    if (t.sft_lr, t.sft_schedule) != (3e-3, Schedule.CONSTANT):   # the earlier keys stay valid
+        parts.append([t.sft_lr, t.sft_schedule.value])
     return hashlib.sha256(json.dumps(parts, sort_keys=True,
                                      default=str).encode()).hexdigest()[:16]
 
