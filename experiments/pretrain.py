@@ -173,11 +173,12 @@ def _build_env_samples(cfg: Config) -> None:
     """Runs the oracle episodes with the run's env config (cfg.env: sandbox, limits) into the sample
     cache that the SFT iterator then reads, and says how many samples there are and how many fit."""
     from composer_jax import data
+    from composer_jax.agent.episode import run_episode
     from composer_jax.data import sft_env
 
     corpus = data.build_or_load_corpus(cfg.data)
     tokenizer = data.build_or_load_tokenizer(cfg.data, corpus, cfg.model.vocab_size)
-    store = sft_env.build_or_load_env_sft(cfg.data, tokenizer, cfg.env)
+    store = sft_env.build_or_load_env_sft(cfg.data, tokenizer, cfg.env, run_episode)
     info = sft_env.store_info(store)
     fits = int((store.lengths <= cfg.data.seq_len).sum())
     print(f"{info.get('samples', store.num_docs)} oracle samples from {info.get('tasks', '?')} training tasks "
