@@ -29,6 +29,10 @@ from composer_jax.config import Config, to_dict
 from composer_jax.errors import ConfigError
 from composer_jax.model.flops import flops_per_token
 from composer_jax.model.params import count_params
+from composer_jax.parallel import aot
+from composer_jax.parallel.memory_report import format_rows
+from composer_jax.parallel.rules import get_rules
+from composer_jax.slice_plan import run_in_subprocess
 
 TPU_NOTE = ("per-device memory is XLA:TPU's compiled memory analysis of the train step for the "
             "target slice's devices (libtpu compile-only devices: the compiler a pod runs, "
@@ -52,7 +56,6 @@ def fit_microbatches(cfg: Config, num_devices: int) -> tuple[Config, str | None]
     import dataclasses
     import math
 
-    from composer_jax.parallel.rules import get_rules
     sizes = cfg.mesh.resolved(num_devices)
     shards = math.prod(sizes[a] for a in get_rules(cfg.mesh.rules).mesh_axes("batch")
                        if sizes.get(a, 1) > 1)
@@ -71,8 +74,6 @@ def fit_microbatches(cfg: Config, num_devices: int) -> tuple[Config, str | None]
 def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     import jax
 
-    from composer_jax.slice_plan import run_in_subprocess
-
     if cfg.mesh.compile_topology and not os.environ.get("JAX_PLATFORMS"):
         # this process only counts and plans: keep JAX from probing for a local TPU once libtpu
         # is installed (the compile itself loads libtpu's compile-only devices)
@@ -82,7 +83,6 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
     topo = cfg.mesh.compile_topology
     if topo:
-        from composer_jax.parallel import aot
         n_dev = len(aot.topology_devices(topo))     # clear errors: no libtpu, a bad name
         if cfg.mesh.num_devices not in (0, n_dev):
             raise ConfigError(f"mesh.num_devices={cfg.mesh.num_devices} but TPU topology {topo!r} "
@@ -178,7 +178,6 @@ def dry_run(cfg: Config, workdir: pathlib.Path) -> dict:
     for b in result["largest_buffers"][:8]:
         print(f"  {_gb(b['bytes']):>11} {b['count']:>3} x {b['shape']:<32} {b['op']}")
     if result["largest_temporaries"]:
-        from composer_jax.parallel.memory_report import format_rows
         print("largest temporaries (bytes on the device, count, shape, HLO op, live range in the "
               "schedule, source, jax name stack):")
         print("\n".join(format_rows(result["largest_temporaries"])))

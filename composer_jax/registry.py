@@ -51,6 +51,7 @@ def register(name: str, description: str, make_config: Callable[[], object],
 
 def load_all() -> dict[str, Experiment]:
     """Imports every module of the `experiments` package so that each registers its experiments."""
+    # on demand: the experiment modules import this registry to register themselves
     import experiments  # noqa: F401  (top-level package beside launch.py)
 
     for info in pkgutil.iter_modules(experiments.__path__):

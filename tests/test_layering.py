@@ -1,8 +1,10 @@
 """Package layering: every import follows the table below (docs/design.md draws the same one),
 there is no import circle, and few imports hide inside function bodies.
 
-The graph is read from the source (`ast`): top-level and function-level imports alike, and an
-import of `a.b.c` also runs `a/__init__.py` and `a/b/__init__.py`.
+The graph is read from the source (`ast`) of composer_jax/, pallas_kernels/, experiments/ and
+launch.py: top-level and function-level imports alike, and an import of `a.b.c` also runs
+`a/__init__.py` and `a/b/__init__.py`. (`registry.load_all` imports the experiments by name with
+importlib; that edge is the `registry -> experiments` row of the table, not part of the graph.)
 """
 import ast
 import collections
@@ -13,7 +15,7 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SOURCES = ("composer_jax", "pallas_kernels", "experiments")
+SOURCES = ("composer_jax", "pallas_kernels", "experiments", "launch")     # launch: launch.py
 
 # unit (a package or module directly under composer_jax/, or a top-level package) -> the units
 # it may import. Read bottom-up: a unit imports only units listed above it.
@@ -46,28 +48,21 @@ LAYERS = {
     "sweep": ("api", "config", "errors", "rerun", "rl", "runlog"),     # launch.py --sweep runs trials
     "composer_jax": (),
     "experiments": ("*",),
+    "launch": ("*",),
 }
 
 # Imports against the table that are known and owned: (file, unit imported) -> why it is there.
 # A new crossing fails `test_imports_follow_the_layer_table`, and so does an entry that is gone.
-KNOWN_CROSSINGS = {
-    ("composer_jax/data/sft_env.py", "agent"):
-        "SFT samples are the oracle agent's env episodes (agent.episode.run_episode)",
-}
+KNOWN_CROSSINGS: dict[tuple[str, str], str] = {}
 
-# Function-level project imports in composer_jax/ and pallas_kernels/ (208 before issue 43).
-FUNCTION_LEVEL_BUDGET = 45
-# Files whose owners have not yet commented their deferred imports: file -> how many may be bare.
-UNCOMMENTED_ALLOWED = {
-    "composer_jax/env/doctor.py": 6, "composer_jax/env/trust.py": 2,
-    "composer_jax/env/tools/semantic.py": 2, "composer_jax/env/check.py": 1,
-    "composer_jax/env/graded_run.py": 1, "composer_jax/env/workspace.py": 1,
-    "composer_jax/dry_run.py": 4,
-    "composer_jax/model/moe.py": 2, "composer_jax/model/layers.py": 1,
-    "composer_jax/parallel/aot.py": 1, "composer_jax/train/step.py": 1,
-    "composer_jax/rl/driver.py": 4, "composer_jax/rl/backend_ray.py": 4,
-    "composer_jax/rl/weights/store.py": 1,
-}
+# Function-level project imports in composer_jax/ and pallas_kernels/: 208 before issue 43, 15 after
+# it; each says why in a comment (`test_function_level_imports_within_budget`).
+FUNCTION_LEVEL_BUDGET = 20
+# experiments/ and launch.py defer their imports so that `launch.py list` / `--help` and
+# `registry.load_all` (every experiment module imported to register it) load no JAX (0.5 s without
+# it, measured): 93 in experiments/ and 16 in launch.py when issue 43 closed, counted here and
+# capped, not commented one by one.
+ENTRY_POINT_BUDGET = {"experiments": 110, "launch": 20}
 
 Import = collections.namedtuple("Import", "file line target in_function commented")
 
@@ -77,7 +72,12 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {_module_name(p): p for src in SOURCES for p in (REPO / src).rglob("*.py")}
+def _source_files(src: str) -> list[pathlib.Path]:
+    path = REPO / src
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+
+
+MODULES = {_module_name(p): p for src in SOURCES for p in _source_files(src)}
 
 
 def _resolve(name: str) -> str | None:
@@ -93,13 +93,17 @@ def _imports(module: str) -> list[Import]:
     lines = text.split("\n")
     out = []
 
+    def says_why(comment: str) -> bool:     # a reason, not only a `noqa` marker
+        return len(re.sub(r"noqa(:\s*[A-Z]+\d+(,\s*[A-Z]+\d+)*)?", "", comment).split()) >= 3
+
     def commented(node) -> bool:
-        if any("#" in s for s in lines[node.lineno - 1:node.end_lineno]):
+        if any("#" in s and says_why(s.split("#", 1)[1])
+               for s in lines[node.lineno - 1:node.end_lineno]):
             return True
         j = node.lineno - 2                 # or a comment line heading its block of imports
         while j >= 0 and re.match(r"^\s+(from|import) ", lines[j]):
             j -= 1
-        return j >= 0 and lines[j].strip().startswith("#")
+        return j >= 0 and lines[j].strip().startswith("#") and says_why(lines[j].strip()[1:])
 
     def visit(node, in_function):
         for child in ast.iter_child_nodes(node):
@@ -151,6 +155,20 @@ def test_imports_follow_the_layer_table():
     assert sorted(set(KNOWN_CROSSINGS) - crossings) == []       # gone: remove it from the list
 
 
+def test_design_doc_draws_the_same_table():
+    """docs/design.md's "unit | may import" table says what LAYERS says."""
+    text = (REPO / "docs" / "design.md").read_text()
+    table = text[text.index("| unit | may import |"):].split("\n\n")[0]
+    drawn = {}
+    for row in re.findall(r"^\| (.+?) \| (.+?) \|$", table, re.M)[2:]:
+        allowed = re.sub(r"\s*\(.*?\)", "", row[1])
+        allowed = () if allowed == "-" else ("*",) if allowed == "anything" else \
+            tuple(a.strip() for a in allowed.split(","))
+        for unit in row[0].split(", "):
+            drawn[unit.removesuffix(".py")] = allowed
+    assert drawn == {unit: tuple(allowed) for unit, allowed in LAYERS.items() if unit != "composer_jax"}
+
+
 def test_the_layer_table_reads_bottom_up():
     """Each unit imports only units listed above it: the table itself has no circle."""
     order = list(LAYERS)
@@ -160,8 +178,8 @@ def test_the_layer_table_reads_bottom_up():
                 assert order.index(dep) < order.index(unit), (unit, dep)
 
 
-def test_no_import_circle():
-    """No circle among project modules, function-level imports and package __init__s included."""
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the project modules importing it runs (package __init__s included)."""
     edges = collections.defaultdict(set)
     for module, imps in IMPORTS.items():
         for i in imps:
@@ -171,6 +189,12 @@ def test_no_import_circle():
                 parent = ".".join(parts[:k])
                 if parent in MODULES and not module.startswith(parent + "."):
                     edges[module].add(parent)
+    return edges
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    edges = collections.defaultdict(set, edges)
     index, low, stack, on_stack, circles = {}, {}, [], set(), []
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
 
@@ -194,26 +218,40 @@ def test_no_import_circle():
                     break
             if len(component) > 1:
                 circles.append(sorted(component))
-    for v in MODULES:
+    for v in list(edges):
         if v not in index:
             strongconnect(v)
-    assert circles == []
+    return sorted(circles)
 
 
-def _function_level() -> list[Import]:
-    return [i for m, imps in IMPORTS.items() if not m.startswith("experiments")
-            for i in imps if i.in_function]
+def test_circle_finder():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circle():
+    """No circle among project modules, function-level imports and package __init__s included."""
+    assert _circles(_module_graph()) == []
+
+
+def _function_level(units=("composer_jax", "pallas_kernels")) -> list[Import]:
+    """The function-level import statements (one per statement) of modules under `units`."""
+    return list({(i.file, i.line): i for m, imps in IMPORTS.items()
+                 if m.split(".")[0] in units for i in imps if i.in_function}.values())
 
 
 def test_function_level_imports_within_budget():
     """Project imports sit at the top of a module; a deferred one keeps JAX out of a JAX-free
-    layer (rollout workers, the agent) or a measured start-up cost, and says so in a comment."""
+    layer (rollout workers, the agent) or a measured start-up cost, and says why in a comment
+    (on its line, or heading its block of imports; a bare `noqa` is no reason)."""
     deferred = _function_level()
-    assert len({(i.file, i.line) for i in deferred}) <= FUNCTION_LEVEL_BUDGET, \
-        sorted(f"{i.file}:{i.line}" for i in deferred)
-    bare = collections.Counter(i.file for i in {(i.file, i.line): i for i in deferred}.values()
-                               if not i.commented)
-    assert {f: n for f, n in bare.items() if n > UNCOMMENTED_ALLOWED.get(f, 0)} == {}
+    assert len(deferred) <= FUNCTION_LEVEL_BUDGET, sorted(f"{i.file}:{i.line}" for i in deferred)
+    assert sorted(f"{i.file}:{i.line}" for i in deferred if not i.commented) == []
+
+
+def test_entry_points_defer_within_their_budget():
+    for unit, budget in ENTRY_POINT_BUDGET.items():
+        assert len(_function_level((unit,))) <= budget, unit
 
 
 def test_agent_imports_no_engine_model_training_or_rl():

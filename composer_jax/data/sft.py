@@ -86,14 +86,15 @@ def resolve_source(cfg: DataConfig) -> tuple[DataConfig, str]:
     return cfg, "SFT samples: docstring -> function chats from the local corpus (data.sft_source=docstrings)"
 
 
-def build_or_load_sft(cfg: DataConfig, corpus, tokenizer, env_cfg=None) -> shards.TokenStore:
+def build_or_load_sft(cfg: DataConfig, corpus, tokenizer, env_cfg=None, episode_loop=None) -> shards.TokenStore:
     """The tokenized SFT samples of `cfg.sft_source` (a TokenStore named "sft" with a trainable
-    mask). AUTO is resolved here and the choice printed; `env_cfg` runs the oracle episodes."""
+    mask). AUTO is resolved here and the choice printed; `episode_loop` and `env_cfg` run the
+    oracle episodes when they are not cached (`sft_env.build_or_load_env_sft`)."""
     resolved, line = resolve_source(cfg)
     if cfg.sft_source == SftSource.AUTO:
         print(line)
     if resolved.sft_source == SftSource.ENV_ORACLE:
-        return sft_env.build_or_load_env_sft(resolved, tokenizer, env_cfg)
+        return sft_env.build_or_load_env_sft(resolved, tokenizer, env_cfg, episode_loop)
     return build_or_load_docstring_sft(resolved, corpus, tokenizer)
 
 

@@ -4,7 +4,9 @@ For each training task of a task pool (`env_generate` writes one; tasks whose `s
 -- evaluation tasks from held-out modules -- are never used), the scripted oracle agent
 (`env.agents.OracleAgent`; for ladder tasks `env.tasks.ladder_plan.LadderOracleAgent`, which runs the
 failing test and reads the broken line first) applies the reference fix through the tools in a sandboxed workspace
-(`agent.episode.run_episode`: bubblewrap, or the fallback with its loud warning). A resolved episode
+(the agent's episode loop, `agent.episode.run_episode`, which the caller passes in: the data layer
+sits below the agent and does not import it; bubblewrap, or the fallback with its loud warning). A
+resolved episode
 that ended with `finish` and made no invalid call becomes one sample: tool declarations, system
 prompt, the user's problem statement, the assistant turns with their tool calls, the tool results
 and the final `finish` call, rendered and masked by `composer_jax.data.chat` (loss on the assistant
@@ -27,13 +29,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from composer_jax.agent.episode import run_episode
 from composer_jax.data import chat, shards
 from composer_jax.data.cache import build_once, stable_hash
 from composer_jax.data.config import DataConfig, resolved_cache_dir
 from composer_jax.data.errors import DataError
-from composer_jax.env.tasks.ladder_plan import oracle_agent
 from composer_jax.env.config import EnvConfig
+from composer_jax.env.tasks.ladder_plan import oracle_agent
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tools import TOOL_SPECS
 
@@ -101,9 +102,11 @@ def episode_sample(tokenizer, episode, tools: Sequence[dict]) -> tuple[list[int]
     return None if messages is None else chat.encode_messages(tokenizer, messages, tools)
 
 
-def oracle_episodes(pool_dir: str | Path, env_cfg=None, workers: int = 1, limit: int = 0, progress: bool = False):
+def oracle_episodes(pool_dir: str | Path, episode_loop, env_cfg=None, workers: int = 1, limit: int = 0,
+                    progress: bool = False):
     """`(task, episode)` for the first `limit` (0 = all) training tasks of the pool, in task-id order,
-    each episode the oracle agent's run of the task (threads run `workers` episodes at once). An
+    each episode the oracle agent's run of the task by `episode_loop` (`agent.episode.run_episode`:
+    `(agent, task, task_dir, env_cfg) -> Episode`; threads run `workers` episodes at once). An
     episode that raised comes back as its exception, so one broken task cannot stop the others."""
     pool_manifest(pool_dir)
     env_cfg = env_cfg or EnvConfig(use_embeddings=False)
@@ -114,7 +117,7 @@ def oracle_episodes(pool_dir: str | Path, env_cfg=None, workers: int = 1, limit:
     def run(task):
         task_dir = pool.task_dir(task.task_id)
         try:
-            return run_episode(oracle_agent(task, task_dir), task, task_dir, env_cfg)
+            return episode_loop(oracle_agent(task, task_dir), task, task_dir, env_cfg)
         except Exception as e:  # noqa: BLE001 -- reported per task by the caller
             return e
 
@@ -123,22 +126,30 @@ def oracle_episodes(pool_dir: str | Path, env_cfg=None, workers: int = 1, limit:
         yield from tqdm(zip(tasks, runs), total=len(tasks), desc="sft oracle episodes", disable=not progress)
 
 
-def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None) -> shards.TokenStore:
+def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop=None) -> shards.TokenStore:
     """The tokenized oracle samples of `cfg.sft_pool` (a TokenStore "sft" with a trainable mask).
-    `env_cfg` (an `EnvConfig`; default: the environment defaults without embeddings) runs the
-    episodes; `info.json` next to the store counts tasks, samples and skipped episodes."""
+    Building them runs the episodes with `episode_loop` (`agent.episode.run_episode`, passed by
+    whoever owns the loop: the `sft` experiment) and `env_cfg` (an `EnvConfig`; default: the
+    environment defaults without embeddings); without a loop only a cached store is read, and a
+    missing one is a DataError. `info.json` next to the store counts tasks, samples and skipped
+    episodes."""
     manifest_bytes = json.dumps(pool_manifest(cfg.sft_pool), sort_keys=True).encode("utf-8")
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
                        "tools": TOOL_SPECS, "template": chat.template_fingerprint(),
                        "max_samples": cfg.sft_max_samples, "v": 1})
 
     def build(out: Path) -> None:
+        if episode_loop is None:
+            raise DataError(f"the oracle SFT samples of {cfg.sft_pool} are not built yet, and building "
+                            "them runs the agent's episode loop, which was not given: run `python "
+                            "launch.py --experiment=sft` with this data config (it builds them), or pass "
+                            "episode_loop=composer_jax.agent.episode.run_episode")
         counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0}
         skipped: list[str] = []
 
         def docs():
             workers = cfg.build_workers or 2
-            for task, episode in oracle_episodes(cfg.sft_pool, env_cfg, workers, cfg.sft_max_samples, cfg.progress):
+            for task, episode in oracle_episodes(cfg.sft_pool, episode_loop, env_cfg, workers, cfg.sft_max_samples, cfg.progress):
                 counts["tasks"] += 1
                 sample = None if isinstance(episode, Exception) else episode_sample(tokenizer, episode, TOOL_SPECS)
                 if sample is None:

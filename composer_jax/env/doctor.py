@@ -15,7 +15,12 @@ import shutil
 import subprocess
 import time
 
+from composer_jax.env.check import check_pool
 from composer_jax.env.config import EnvConfig, SandboxBackend
+from composer_jax.env.pythons import find_pythons
+from composer_jax.env.sandbox import bwrap_error, sandbox_python
+from composer_jax.env.tasks.generate import GenerationError, generate_pool
+from composer_jax.env.trust import effective_backend
 
 # `unshare` flags per namespace kind; each probe also unshares the user namespace when not root.
 NAMESPACES = {"user": [], "mount": ["--mount"], "pid": ["--pid", "--fork"], "net": ["--net"],
@@ -24,7 +29,6 @@ NAMESPACES = {"user": [], "mount": ["--mount"], "pid": ["--pid", "--fork"], "net
 
 def bwrap_status() -> dict:
     """bubblewrap's path, whether it works, and its error when it does not."""
-    from composer_jax.env.sandbox import bwrap_error
     error = bwrap_error()
     return {"path": shutil.which("bwrap"), "works": not error, "error": error}
 
@@ -53,8 +57,6 @@ def namespaces() -> dict:
 
 def interpreters(cfg: EnvConfig, backend: SandboxBackend) -> dict:
     """The CPythons found, and for each configured version how the sandbox runs it."""
-    from composer_jax.env.pythons import find_pythons
-    from composer_jax.env.sandbox import sandbox_python
     found = find_pythons()
     out = {"found": {v: p.prefix for v, p in sorted(found.items())}, "configured": {}}
     for v in cfg.python_versions:
@@ -76,8 +78,6 @@ def interpreters(cfg: EnvConfig, backend: SandboxBackend) -> dict:
 def smoke_test(cfg: EnvConfig, workdir: pathlib.Path, play) -> dict:
     """Generates one task afresh in WORKDIR/doctor/pool and runs the oracle and null agents on it
     through `play` (the episode loop; their env_check.json goes to WORKDIR/doctor)."""
-    from composer_jax.env.check import check_pool
-    from composer_jax.env.tasks.generate import GenerationError, generate_pool
     workdir = pathlib.Path(workdir) / "doctor"
     pool = workdir / "pool"
     shutil.rmtree(pool, ignore_errors=True)  # a smoke test of generation too: never reuse
@@ -105,7 +105,6 @@ def smoke_config(cfg: EnvConfig) -> EnvConfig:
 
 def diagnose(cfg: EnvConfig, workdir: pathlib.Path, play) -> dict:
     """The whole report (module docstring); `play` runs an episode (`check.check_pool`)."""
-    from composer_jax.env.trust import effective_backend
     backend = effective_backend(cfg)
     report = {"requested_backend": cfg.sandbox_backend.value, "backend": backend.value,
               "bwrap": bwrap_status(), "running_as_root": os.geteuid() == 0,

@@ -13,6 +13,8 @@ import pathlib
 import sys
 
 from composer_jax.env.config import EnvConfig, SandboxBackend
+from composer_jax.env.sandbox import bwrap_works
+from composer_jax.env.tasks.pool import atomic_write_text
 from composer_jax.errors import ConfigError
 
 SANDBOXED = "sandboxed (bubblewrap)"
@@ -21,7 +23,6 @@ UNSANDBOXED = "unsandboxed (fallback backend, env.allow_unsandboxed_rewards=true
 
 def effective_backend(cfg: EnvConfig) -> SandboxBackend:
     """The backend episodes will use (env.sandbox_backend=auto resolved), without the warning."""
-    from composer_jax.env.sandbox import bwrap_works
     if cfg.sandbox_backend == SandboxBackend.AUTO:
         return SandboxBackend.BWRAP if bwrap_works() else SandboxBackend.FALLBACK
     return cfg.sandbox_backend
@@ -50,7 +51,6 @@ def require_sandboxed_rewards(cfg: EnvConfig, what: str) -> str:
 
 def record_in_summary(path: pathlib.Path, sandbox: str) -> None:
     """Adds `"reward_sandbox": sandbox` to the JSON summary file at `path` (atomically)."""
-    from composer_jax.env.tasks.pool import atomic_write_text
     path = pathlib.Path(path)
     data = json.loads(path.read_text()) if path.is_file() else {}
     data["reward_sandbox"] = sandbox

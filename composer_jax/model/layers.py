@@ -25,6 +25,7 @@ from jax.ad_checkpoint import checkpoint_name
 from composer_jax.config import DType, ExecutionConfig, ModelConfig
 from composer_jax.parallel import target
 from composer_jax.parallel.sharding import current
+from composer_jax.quant import quantized_matmul
 
 
 class RouterBias(nnx.Variable):
@@ -189,7 +190,6 @@ def ffn_linear(x: jax.Array, w: jax.Array, ctx: Ctx, tag: int) -> jax.Array:
     along its own contraction axis, FP32 accumulation). `tag` makes each matmul's key distinct."""
     if ctx.fmt == "bf16":
         return linear(x, w, ctx)
-    from composer_jax.quant import quantized_matmul
     return quantized_matmul(x.astype(ctx.dtype), w.astype(ctx.dtype), ctx.fmt,
                             key=ctx.subkey(tag)).astype(ctx.dtype)
 

@@ -25,6 +25,8 @@ from composer_jax.parallel.expert import RowCodec, dispatch_expert_parallel
 from composer_jax.parallel.per_token import per_token
 from composer_jax.parallel import target
 from composer_jax.parallel.sharding import current
+from composer_jax.quant import quantized_ragged_dot
+from composer_jax.quant.wire import decode_mxfp8_rows, encode_mxfp8_rows
 
 
 def _grouped(x, w, group_sizes, ctx: Ctx, tag: int = 0, amax_axes: tuple[str, ...] = ()):
@@ -35,7 +37,6 @@ def _grouped(x, w, group_sizes, ctx: Ctx, tag: int = 0, amax_axes: tuple[str, ..
     operands are split over, so NVFP4 per-tensor scales are those of the whole tensor."""
     dt = ctx.dtype
     if ctx.fmt != "bf16":
-        from composer_jax.quant import quantized_ragged_dot
         return quantized_ragged_dot(x.astype(dt), w.astype(dt), group_sizes, ctx.fmt,
                                     key=ctx.subkey(10 + tag), amax_axes=amax_axes).astype(dt)
     # jax.lax.ragged_dot on GPU/TPU; a blocked batched matmul on CPU (see quant/grouped.py).
@@ -58,7 +59,6 @@ def expert_parallel_codec(ctx: Ctx, d: int) -> RowCodec | None:
     and input gradient are unchanged); None (rows in the compute dtype) for other formats."""
     if ctx.fmt != "mxfp8":
         return None
-    from composer_jax.quant.wire import decode_mxfp8_rows, encode_mxfp8_rows
     return RowCodec(encode_mxfp8_rows, lambda b: decode_mxfp8_rows(b, d, ctx.dtype))
 
 

@@ -22,6 +22,7 @@ import re
 import time
 
 from composer_jax.errors import ConfigError
+from composer_jax.parallel.target import compiling_for
 
 INSTALL = ("pip install -e '.[tpu]' (requirements/tpu.txt: jax[tpu]==0.12.0.1, which brings "
            "libtpu, about 640 MB)")
@@ -126,7 +127,6 @@ def lower_and_compile(jitted, *args, platform: str = "tpu", mesh=None):
 
     import jax
 
-    from composer_jax.parallel.target import compiling_for
     t0 = time.time()
     with compiling_for(platform), (jax.set_mesh(mesh) if mesh is not None
                                    else contextlib.nullcontext()):

@@ -31,6 +31,8 @@ import uuid
 from composer_jax.errors import ConfigError
 from composer_jax.rl.inference_service import InferenceService
 from composer_jax.rl.program import ProgramSpec, build_program
+from composer_jax.rl.weights import WeightStore
+from composer_jax.rl.weights.ray_transport import RayTransport
 
 NAMESPACE = "composer_jax"
 _ENV_VARS = ("JAX_PLATFORMS", "XLA_FLAGS", "COMPOSER_JAX_CACHE", "JAX_DEFAULT_MATMUL_PRECISION",
@@ -70,8 +72,6 @@ class RayStoreHandle:
     def open(self, reader_name: str | None = None, mirror: bool = False):
         """A store over the named index; `mirror=True` only in the publishing process (it owns
         the chunks and keeps the copy a restarted index is refilled from)."""
-        from composer_jax.rl.weights import WeightStore
-        from composer_jax.rl.weights.ray_transport import RayTransport
         store = WeightStore(RayTransport(self.name, NAMESPACE, mirror=mirror), self.settings,
                             reader_name=reader_name)
         store.ray_handle = self

@@ -44,6 +44,7 @@ from composer_jax.errors import ConfigError
 from composer_jax.rl.admission import AdmissionControl
 from composer_jax.rl.backend import Backend, make_backend
 from composer_jax.rl.baseline import finish_baseline, resubmit_lost_baseline
+from composer_jax.rl.checkpoint import RLCheckpointer
 from composer_jax.rl.evaluators import CheckpointEvaluator, EvaluatorService
 from composer_jax.rl.health import HealthMonitor, health_warnings
 from composer_jax.rl.jobs import EVAL, Job
@@ -52,7 +53,8 @@ from composer_jax.rl.schedule import ReproducibleScheduler
 from composer_jax.rl.settings import DriverSettings, settings_from_config  # noqa: F401  (old path)
 from composer_jax.rl.stream import RolloutLog, RolloutStream, group_name
 from composer_jax.rl.trainer import TrainerService, TrainerStart
-from composer_jax.runlog import read_metrics
+from composer_jax.runlog import MetricsWriter, read_metrics
+from composer_jax.train.run_checkpoint import checkpoint_steps
 
 
 def task_for_group(tasks: list[str], index: int, seed: int) -> str:
@@ -106,7 +108,6 @@ def run_rl(spec: ProgramSpec, workdir, settings: DriverSettings, store,
 
 def finished_version(workdir, steps: int) -> int | None:
     """The newest checkpoint's version when it is >= `steps` (the run is finished), else None."""
-    from composer_jax.train.run_checkpoint import checkpoint_steps
     have = checkpoint_steps(workdir)
     return have[-1] if have and have[-1] >= steps else None
 
@@ -180,7 +181,6 @@ class _Metrics:
     `reward_mean`) and `train_step` its version."""
 
     def __init__(self, workdir: pathlib.Path, resume_from: int):
-        from composer_jax.runlog import MetricsWriter, read_metrics
         self.writer = MetricsWriter(workdir, resume_from=resume_from)
         self.lock = threading.Lock()
         self.last: dict = {}
@@ -211,7 +211,6 @@ class RLRun:
 
     def __init__(self, spec: ProgramSpec, workdir: pathlib.Path, settings: DriverSettings, store,
                  eval_fn, backend: Backend):
-        from composer_jax.rl.checkpoint import RLCheckpointer
         workdir.mkdir(parents=True, exist_ok=True)
         self.spec, self.workdir, self.settings, self.store = spec, workdir, settings, store
         program = build_program(spec)
@@ -470,7 +469,6 @@ def service_restarts(run: RLRun) -> dict:
 
 def _eval_rows(workdir: pathlib.Path) -> dict:
     """{version: held-out evaluation results} from metrics.jsonl (every segment of the run)."""
-    from composer_jax.runlog import read_metrics
     out = {}
     for r in read_metrics(workdir):
         if "eval_resolved_rate" in r:

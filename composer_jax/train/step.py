@@ -22,6 +22,7 @@ from flax import nnx
 from jax.sharding import AxisType
 
 from composer_jax.config import Config
+from composer_jax.errors import ConfigError
 from composer_jax.model import abstract_model, count_params, init_model
 from composer_jax.model import router as router_lib
 from composer_jax.model.transformer import Transformer
@@ -337,7 +338,6 @@ def build_fns(model: Transformer, cfg: Config, mesh=None,
 def check_execution(model: Transformer, cfg: Config) -> None:
     """Raises ConfigError unless `model` was built with `cfg.execution` (the step computes the
     model as its own `execution` says, so the two must agree)."""
-    from composer_jax.errors import ConfigError
     if model.execution != cfg.execution:
         diff = {f.name: (getattr(model.execution, f.name), getattr(cfg.execution, f.name))
                 for f in dataclasses.fields(cfg.execution)

@@ -143,13 +143,16 @@ def tiny_pool(tmp_path_factory):
 
 
 def test_env_oracle_source_end_to_end(small_data, tiny_pool):
+    from composer_jax.agent.episode import run_episode
     from composer_jax.env.config import EnvConfig
 
     cfg, corpus, tok = small_data
     cfg = dataclasses.replace(cfg, sft_source=SftSource.ENV_ORACLE, sft_pool=str(tiny_pool), seq_len=4096,
                               global_batch_size=1)
     env_cfg = EnvConfig(command_timeout_s=10.0, use_embeddings=False)
-    store = build_or_load_sft(cfg, corpus, tok, env_cfg)
+    with pytest.raises(DataError, match="not built yet.*episode loop"):
+        build_or_load_sft(cfg, corpus, tok, env_cfg)      # the data layer runs no episodes itself
+    store = build_or_load_sft(cfg, corpus, tok, env_cfg, run_episode)
     info = sft_env.store_info(store)
     assert (info["tasks"], info["samples"], info["skipped"]) == (2, 1, 1)  # the eval task is never run
     assert info["skipped_tasks"][0].startswith("b-nofix")

@@ -18,6 +18,7 @@ import threading
 
 import numpy as np
 
+from composer_jax.env.embedding import EmbeddingUnavailable, default_model
 from composer_jax.env.tools.result import ToolResult, error
 from composer_jax.env.tools.search import iter_files, search_root
 
@@ -128,7 +129,6 @@ def bm25_scores(chunks: list[Chunk], query: str) -> np.ndarray:
 
 
 def embed_cached(texts: list[str]) -> np.ndarray:
-    from composer_jax.env.embedding import default_model
     keys = [hashlib.sha1(t.encode()).hexdigest() for t in texts]
     with _LOCK:
         todo = [i for i, k in enumerate(keys) if k not in _EMB_CACHE]
@@ -167,7 +167,6 @@ def codebase_search(ws, args: dict) -> ToolResult:
     try:
         ranked = rank(collect_chunks(ws, roots), query, ws.config.codebase_search_top_k, use_emb)
     except Exception as exc:  # the embedding package missing: BM25 alone
-        from composer_jax.env.embedding import EmbeddingUnavailable
         if not isinstance(exc, EmbeddingUnavailable):
             raise
         ranked = rank(collect_chunks(ws, roots), query, ws.config.codebase_search_top_k, False)

@@ -55,7 +55,7 @@ import numpy as np
 
 from composer_jax.rl.weights import codec
 from composer_jax.rl.weights.codec import CorruptWeightsError, DeltaCodec, WeightStoreError
-from composer_jax.rl.weights.transport import Transport, version_prefix
+from composer_jax.rl.weights.transport import MemoryTransport, Transport, version_prefix
 
 FORMAT = 1
 
@@ -695,7 +695,6 @@ class WeightStore:
     def __init__(self, transport: Transport | None = None,
                  settings: WeightSyncSettings = WeightSyncSettings(), *, reader_name: str | None = None,
                  **publisher_kw):
-        from composer_jax.rl.weights.transport import MemoryTransport
         self.transport = transport if transport is not None else MemoryTransport()
         self.settings = settings
         self._publisher_kw = publisher_kw
