@@ -124,7 +124,8 @@ def _duration(seconds: float) -> str:
 def measured_times(text: str) -> dict[str, str]:
     """NAME -> how long it took, from the rows of TIMES (written by
     benchmarks/experiment_times.py): '4.9 min', '52 s with --config.rl.steps=10 (short; the
-    default takes longer)', '40 s (--dry_run)', or why there is no time."""
+    default takes longer)', '40 s (--dry_run)', '5 s with FLAGS' (the flags it needs), or why
+    there is no time."""
     out = {}
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):
@@ -137,6 +138,8 @@ def measured_times(text: str) -> dict[str, str]:
             out[name] = took
         elif setting == "dry_run":
             out[name] = f"{took} (--dry_run)"
+        elif setting == "needs":
+            out[name] = f"{took} with {flags}"
         else:
             out[name] = f"{took} with {flags} (short; the default takes longer)"
     return out

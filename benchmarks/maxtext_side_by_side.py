@@ -142,6 +142,7 @@ def main():
         f"alternating runs per trainer ({now} UTC)",
         f"machine: {os.cpu_count()} CPUs, shared; 1-min load average during the runs: "
         f"min {min(loads):.1f}, median {statistics.median(loads):.1f}, max {max(loads):.1f}",
+        "command: python benchmarks/maxtext_side_by_side.py " + " ".join(sys.argv[1:]),
         "", *rows, "", "runs (in order):", *log, "", "MaxText config as printed by maxtext_cpu.sh:",
         *(f"  vocab {v}: {c}" for v, c in mt_cfg.items()),
         "MaxText settings not overridden keep its defaults (remat_policy="

@@ -80,7 +80,8 @@ def run_row(name: str, exp: str, topo: str, sets: list[str], cpu: bool) -> None:
         return
     OUT.mkdir(parents=True, exist_ok=True)
     result = json.loads((pathlib.Path(workdir) / "dry_run.json").read_text())
-    result["command"] = "python " + " ".join(cmd[1:])
+    # the launch command, its scratch workdir named WORKDIR (no machine path in the results)
+    result["command"] = "python " + " ".join(cmd[1:]).replace(workdir, "WORKDIR")
     result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                       capture_output=True, text=True).stdout.strip()
     tmp = dest.with_suffix(".tmp")

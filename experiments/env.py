@@ -50,7 +50,7 @@ def _generate(cfg: Config, workdir: pathlib.Path) -> dict:
     except GenerationError as e:  # keep the summary (reason counts) next to the error
         (pathlib.Path(workdir) / "env_generate.json").write_text(json.dumps(e.summary, indent=1))
         raise
-    with MetricsWriter(workdir, tensorboard=False) as m:
+    with MetricsWriter(workdir) as m:
         m.write(summary["num_tasks"], {"num_tasks": summary["num_tasks"],
                                        "generation_seconds": summary["seconds"],
                                        "candidates": summary["stats"].get("candidates", 0),

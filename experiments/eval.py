@@ -42,7 +42,7 @@ def _run_family(cfg: Config, workdir: pathlib.Path) -> dict:
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(workdir / "eval.json", json.dumps(row, indent=1).encode())
-    with MetricsWriter(workdir, tensorboard=False) as m:
+    with MetricsWriter(workdir) as m:
         m.write(0, {k: v for k, v in row.items() if isinstance(v, float)})
     print(f"held-out {row['task_family']} eval of {row['policy']} (version {row['version']}): "
           f"resolved {row['eval_resolved_rate']:.3f} +- {row['eval_resolved_se']:.3f}, reward "
@@ -71,7 +71,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> dict:
         policy.close()
     paths = write_reports(result, workdir)
     s = result["summary"]
-    with MetricsWriter(workdir, tensorboard=False) as m:
+    with MetricsWriter(workdir) as m:
         m.write(0, {"eval_resolved_rate": s["all"]["resolved"],
                     **{f"eval_resolved_{k}": v["resolved"] for k, v in s.items() if k != "all"},
                     "eval_price": s["all"]["price"], "num_tasks": s["all"]["num_tasks"]})

@@ -123,7 +123,7 @@ def _run(cfg: Config, workdir: pathlib.Path) -> None:
               + (f", greedy outputs identical: {same}" if params.temperature == 0 else ""))
         metrics.update(spec_tokens_per_sec=stps, spec_speedup=stps / tps,
                        mean_accepted_length=m["mean_accepted_length"])
-    with MetricsWriter(workdir, tensorboard=False) as w:
+    with MetricsWriter(workdir) as w:
         w.write(0, metrics)
 
 

@@ -189,11 +189,13 @@ def _build_env_samples(cfg: Config) -> None:
 
 registry.register("cpt_debug", "tiny model, continued pretraining on a few hundred local files "
                   "(CI)", _debug, _run_cpt, stoppable=True)
-registry.register("cpt_small", "the `small` config on the whole local code corpus", _small, _run_cpt, stoppable=True)
+registry.register("cpt_small", "the `small` config on the whole local code corpus", _small, _run_cpt,
+                  stoppable=True)
 registry.register("cpt_32k", "stage 1: kimi_k2_5 continued pretraining at 32k context (pods; "
-                  "try --dry_run)", _cpt_32k, _run_cpt, stoppable=True)
+                  "try --dry_run --set mesh.num_devices=256)", _cpt_32k, _run_cpt, stoppable=True)
 registry.register("cpt_256k", "stage 2: YaRN long-context extension to 256k from a cpt_32k run "
-                  "(pods; try --dry_run)", _cpt_256k, _run_cpt, stoppable=True)
+                  "(pods; try --dry_run --set mesh.num_devices=256)", _cpt_256k, _run_cpt,
+                  stoppable=True)
 registry.register("sft", "short SFT on chat-formatted samples, loss on assistant tokens only "
                   "(on CPU its 600 steps take hours: set --config.train.steps)",
                   _sft, _run_sft, stoppable=True)

@@ -14,9 +14,17 @@ import sys
 import pytest
 
 from composer_jax import api, registry
-from composer_jax.config import Config
+from composer_jax.agent import lookup as lk
+from composer_jax.config import Config, to_dict
 from composer_jax.errors import ConfigError
+from composer_jax.model import init_model
 from composer_jax.overrides import config_keys
+from composer_jax.rl import family_eval, policy_server
+from composer_jax.rl.task_program import TaskProgram
+from composer_jax.rl.tasks import lookup_sft
+from composer_jax.train.checkpoint import Checkpointer
+from composer_jax.train.step import build
+from experiments import eval as eval_experiment
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -133,3 +141,128 @@ def test_eval_writes_to_a_workdir_named_after_the_policy():
         "runs/eval_rl_async@20"
     assert registry.get("cpt_debug").default_workdir(api.make_config("cpt_debug")) == \
         "runs/cpt_debug"
+
+
+def test_a_checkpoint_evaluation_engine_starts_from_the_checkpoint(monkeypatch):
+    """The short version of the next test: evaluate_run's engine is built on the evaluated model
+    and the program's initial policy (the lookup SFT, trained on an empty cache) is never built."""
+    built = []
+    monkeypatch.setattr(policy_server, "EnginePolicyServer",
+                        lambda cfg, model, settings: built.append(model) or FakeServer())
+    program = TaskProgram(to_dict(api.make_config("rl_async")))
+    monkeypatch.setattr(program, "initial_model", lambda: pytest.fail("built the initial policy"))
+    checkpoint = object()
+    ev = family_eval.FamilyEvaluator(program, program.cfg, engine_model=checkpoint)
+    monkeypatch.setattr(family_eval.nnx, "split", lambda model, *a: (None, {}, {}))
+    monkeypatch.setattr(family_eval.nnx, "to_pure_dict", lambda state: state)
+    monkeypatch.setattr(family_eval, "publishable", lambda params, buffers: {})
+    monkeypatch.setattr(family_eval, "WeightStore", lambda *a, **k: FakeServer())
+    ev._load(checkpoint, 3)
+    assert built == [checkpoint] and ev._server.loaded == 3
+
+
+class FakeServer:
+    """An engine policy server (or a weight store) that records what it was given."""
+    def load_from(self, store, version):
+        self.loaded = version
+
+    def publish(self, version, weights):
+        pass
+
+
+@pytest.mark.slow
+def test_evaluating_a_run_builds_no_initial_policy(tmp_path, monkeypatch):
+    """eval of an RL run scores the run's checkpoint; on an empty cache it used to train the lookup
+    SFT first (the engine was built on the family's initial policy, then overwritten). Its
+    metrics also reach TensorBoard (eval wrote none)."""
+    cfg = api.make_config("rl_async", {"rl.task.num_eval_tasks": 2, "rl.task.max_turns": 2,
+                                       "rl.max_new_tokens": 8})
+    run = tmp_path / "run"
+    model = init_model(cfg.model, 7, cfg.execution, cfg.train.init_std)
+    _, state = build(model, cfg, loss="lm")
+    ck = Checkpointer(run / "checkpoints", cfg, every=1, keep=1)
+    ck.save(3, state, {}, force=True)
+    ck.close()
+    lk.lookup_tokenizer(cfg.model.vocab_size).save(run / "tokenizer.json")
+    api.save_config(cfg, run / "config.json")
+
+    def trained(*_a, **_k):
+        raise AssertionError("evaluating a run built the family's initial policy")
+    monkeypatch.setattr(lookup_sft, "initial_weights", trained)
+    row = eval_experiment._run_family(api.make_config("eval", {"eval.policy": str(run)}),
+                                      tmp_path / "eval_run")
+    assert row["version"] == 3 and row["eval_num_tasks"] == 2 and "eval_resolved_rate" in row
+    # ... and like every experiment's metrics, eval's reach TensorBoard too
+    assert list((tmp_path / "eval_run" / "tb").glob("events.out.tfevents.*"))
+
+
+# --- config keys: --help --------------------------------------------------------------------
+
+
+def test_help_is_short_and_points_to_helpfull():
+    """--help printed 308 lines (every config key); now the launcher's own flags and a pointer."""
+    r = _launch("--experiment=rl_async", "--help")
+    assert len(r.stdout.splitlines()) <= 80, len(r.stdout.splitlines())   # (absl exits 1)
+    assert "--helpfull" in r.stdout and "--config.rl.lr:" not in r.stdout
+
+
+# --- defaults: what `list` says --------------------------------------------------------------
+
+
+def _listed() -> dict[str, str]:
+    r = _launch("--experiment=list")
+    assert r.returncode == 0, r.stderr
+    return {ln.split()[0]: ln for ln in r.stdout.splitlines()[1:] if ln.startswith("  ")}
+
+
+def test_list_states_each_experiments_measured_time():
+    """`list` said ~3 min for cpt_debug (it took 5) and nothing about sft's hours: every listed
+    experiment timed in benchmarks/results/experiment_times.txt (cpt_debug and sft at least) shows
+    that time, any other says it is not timed, and no description carries a hand-written
+    duration."""
+    rows = {}
+    for line in (ROOT / "benchmarks" / "results" / "experiment_times.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, setting, wall, _cpu, _load, rc, flags = line.split(" | ")
+            rows[name] = (setting, float(wall), rc, flags)
+    listed = _listed()
+    assert set(rows) <= set(listed) and {"cpt_debug", "sft"} <= set(rows), set(rows) - set(listed)
+    for name, line in listed.items():
+        if name not in rows:
+            assert line.endswith("[not timed]"), line
+            continue
+        setting, wall, rc, flags = rows[name]
+        assert rc in ("0", "124"), f"{name}: its timed run failed (rc {rc})"
+        shown = f"{wall:.0f} s" if wall < 90 else f"{wall / 60:.1f} min"
+        assert line.endswith("]") and f"[{'> ' if rc == '124' else ''}{shown}" in line, line
+        if setting == "short":
+            assert flags in line and "short" in line, line
+        description = line[:line.rindex("[")]
+        assert not re.search(r"~\s*\d|\d+(\.\d+)?\s*(min|h|s/step)\b", description), line
+
+
+def test_list_and_the_docs_name_the_same_experiments():
+    """The README's experiment table and `list` disagreed (on what generate takes): the table in
+    docs/experiments.md has one row per listed experiment, and generate's says what list says."""
+    listed = _listed()
+    page = (ROOT / "docs" / "experiments.md").read_text()
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", page, re.M)}
+    assert set(rows) == set(listed), set(rows) ^ set(listed)
+    for word in ("train.init_from", "WORKDIR", "@STEP", "HF"):
+        assert word in rows["generate"] and word in listed["generate"], word
+
+
+# --- README: the layout ----------------------------------------------------------------------
+
+
+def test_the_layout_names_every_part():
+    """The README's layout (and docs/design.md's) missed overrides.py, agent/ and sweep/."""
+    units = sorted(p.stem for p in (ROOT / "composer_jax").iterdir()
+                   if (p.is_dir() and (p / "__init__.py").exists())
+                   or (p.suffix == ".py" and p.stem != "__init__"))
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):].split("\n## ")[0]
+    design = (ROOT / "docs" / "design.md").read_text()
+    design = design[design.index("## Layering"):].split("\n## ")[0]
+    assert [u for u in units if not re.search(rf"(?<![\w/]){u}(/|\.py)", layout)] == []
+    assert [u for u in units if not re.search(rf"\b{u}\b", design)] == []

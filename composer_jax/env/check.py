@@ -84,7 +84,7 @@ def check_pool(cfg: EnvConfig, pool_dir: pathlib.Path, workdir: pathlib.Path, *,
     tasks = pool.tasks()[:limit] if limit else pool.tasks()
     if not tasks:
         raise EmptyPoolError(empty_pool_message(pool_dir))
-    metrics = MetricsWriter(workdir, tensorboard=False)
+    metrics = MetricsWriter(workdir)
     start = time.monotonic()
 
     def one(task):

@@ -55,8 +55,13 @@ def checkpoint_eval_fn(cfg, family):
 class FamilyEvaluator:
     """Greedy held-out episodes of `program` with a model's weights (module docstring)."""
 
-    def __init__(self, program, cfg):
+    def __init__(self, program, cfg, engine_model=None):
+        """engine_model: the model the evaluation engine is built on before the evaluated weights
+        are loaded into it (default: the program's initial policy; `evaluate_run` passes the
+        checkpoint's own model, so evaluating a run never builds, or on an empty cache trains, the
+        family's initial policy such as the lookup SFT)."""
         self.program, self.cfg = program, cfg
+        self._engine_model = engine_model
         self._server = None
         self._store = None
         self._lock = threading.Lock()
@@ -69,7 +74,8 @@ class FamilyEvaluator:
         self._store = WeightStore(MemoryTransport(), sync, reader_name="eval")
         self._store.publish(version, weights)
         if self._server is None:
-            self._server = self.program.make_policy()
+            self._server = (self.program.make_policy() if self._engine_model is None
+                            else self.program.make_policy(self._engine_model))
             self._server.version = -1
         self._server.load_from(self._store, version)
 
@@ -136,9 +142,10 @@ def evaluate_run(source: str) -> dict:
     run_dir = pathlib.Path(run_dir).resolve()     # Orbax reads checkpoints by absolute path
     weights = load_weights(str(run_dir) if step is None else f"{run_dir}@{step}", cfg)
     version = weights.step if weights.step is not None else -1
-    ev = FamilyEvaluator(program, cfg)
+    model = weights.model()
+    ev = FamilyEvaluator(program, cfg, engine_model=model)
     try:
-        row = ev(weights.model(), version)
+        row = ev(model, version)
     finally:
         ev.close()
     return {"policy": source, "version": version, "task_family": cfg.rl.task.family, **row}

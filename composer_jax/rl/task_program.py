@@ -33,9 +33,12 @@ class TaskProgram:
         from composer_jax.rl.initial_policy import initial_model  # JAX: not in rollout workers
         return initial_model(self.cfg, self.family)
 
-    def make_policy(self):
+    def make_policy(self, model=None):
+        """The engine policy server on `model` (default: the run's initial policy; a checkpoint's
+        evaluation passes the checkpoint's model, so no initial policy is built or trained)."""
         from composer_jax.rl.policy_server import EnginePolicyServer  # JAX: not in rollout workers
-        return EnginePolicyServer(self.cfg, self.initial_model(), self.family.engine_settings())
+        model = self.initial_model() if model is None else model
+        return EnginePolicyServer(self.cfg, model, self.family.engine_settings())
 
     def make_learner(self):
         from composer_jax.rl.learner import ModelLearner  # JAX: not in rollout workers
