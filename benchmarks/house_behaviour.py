@@ -1,6 +1,11 @@
 """Issue 43's "behaviour unchanged": the README main command on two commits, the same run?
 
     python benchmarks/house_behaviour.py [--base COMMIT] [--head COMMIT] [--cache_from DIR]
+        [--head_set KEY=VALUE ...]
+
+--head_set adds `--config.KEY=VALUE` to head's command only: a later commit that changed the
+recipe's defaults (issue 40: rl.task.sft_steps, sft_hasty, sft_schedule, train.lr) is compared
+with the base on the base's recipe.
 
 Clones the repository twice (at --base, default the first commit that has the reproducible
 schedule `composer_jax/rl/schedule.py`, and at --head, default HEAD), runs
@@ -39,7 +44,8 @@ def first_schedule_commit() -> str:
                 "composer_jax/rl/schedule.py").splitlines()[-1]
 
 
-def run_side(name: str, commit: str, tmp: pathlib.Path, cache_from: str | None) -> dict:
+def run_side(name: str, commit: str, tmp: pathlib.Path, cache_from: str | None,
+             flags: tuple[str, ...] = ()) -> dict:
     clone = tmp / f"clone_{name}"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     _git("checkout", "-q", commit, cwd=clone)
@@ -52,7 +58,7 @@ def run_side(name: str, commit: str, tmp: pathlib.Path, cache_from: str | None) 
     env = dict(os.environ, PYTHONPATH=str(clone), JAX_PLATFORMS="cpu",
                COMPOSER_JAX_CACHE=str(cache))
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, *COMMAND, f"--workdir={workdir}"], cwd=clone, env=env,
+    proc = subprocess.run([sys.executable, *COMMAND, f"--workdir={workdir}", *flags], cwd=clone, env=env,
                           capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"{name} ({commit[:10]}) failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -79,13 +85,15 @@ def main() -> int:
     ap.add_argument("--base", default=None)
     ap.add_argument("--head", default="HEAD")
     ap.add_argument("--cache_from", default=None)
+    ap.add_argument("--head_set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     base = _git("rev-parse", args.base or first_schedule_commit())
     head = _git("rev-parse", args.head)
     with tempfile.TemporaryDirectory(prefix="house_behaviour_") as t:
         tmp = pathlib.Path(t)
-        sides = {name: run_side(name, commit, tmp, args.cache_from)
-                 for name, commit in (("base", base), ("head", head))}
+        head_flags = tuple(f"--config.{kv}" for kv in args.head_set)
+        sides = {name: run_side(name, commit, tmp, args.cache_from, flags)
+                 for name, commit, flags in (("base", base, ()), ("head", head, head_flags))}
         cmp = subprocess.run([sys.executable, "-m", "composer_jax.rl.run_compare",
                               str(sides["base"]["workdir"]), str(sides["head"]["workdir"])],
                              cwd=sides["head"]["clone"], capture_output=True, text=True,
@@ -100,7 +108,8 @@ def main() -> int:
              f"rl.schedule=reproducible) on base {base[:10]} vs head {head[:10]}: run_compare says "
              f"{verdict!r}",
              f"command: python benchmarks/house_behaviour.py --base {base[:10]} --head {head[:10]}"
-             + (" --cache_from DIR (corpus, tokenizer, token shards only)" if args.cache_from else ""),
+             + (" --cache_from DIR (corpus, tokenizer, token shards only)" if args.cache_from else "")
+             + "".join(f" --head_set {kv}" for kv in args.head_set),
              f"base {base} (first commit with composer_jax/rl/schedule.py): "
              f"{_git('log', '-1', '--format=%s', base)[:100]}",
              f"head {head}: {_git('log', '-1', '--format=%s', head)[:100]}",

@@ -42,15 +42,20 @@ def _lookup_config(max_staleness: int) -> Config:
     the protocol and copies keys, and guesses on about half the episodes, the habit RL has to
     remove (held-out ~0.52 at version 0). One SFT (rl.task.sft_seed) is shared by runs of every
     seed. RL: 4 groups x 8 samples per step, Dr.GRPO (loss_normalizer = about the sampled tokens
-    of one step), Adam warmed up linearly over 5 versions to 3e-4, held to version 20, then decayed
-    linearly to 3e-5 over the last 20 (train.schedule=wsd, decay_fraction 0.5).
+    of one step), Adam warmed up linearly over 5 versions (without it the first steps made the
+    rollouts of 1-2 versions earlier far off-policy: IS weights up to 493) to 3e-4, held to
+    version 20, then decayed linearly to 3e-5 over the last 20 (train.schedule=wsd,
+    decay_fraction 0.5); the engine gets the weights in fp32 (rl.weight_sync.dtype="": the policy
+    is tiny, so shipping fp32 costs little).
     Why (issue 40, benchmarks/results/rl_recipe_40.txt): the earlier SFT (300 steps at a constant
     3e-3, no hasty demonstrations) stopped mid-way through learning to copy a key, so its held-out
     score at version 0 swung between 0.35 and 0.99 with the SFT seed and even the XLA:CPU thread
-    count, and RL from the weaker ones collapsed; decayed to 0, the SFT lands on the same policy.
-    From it, RL at 5e-4 removed the guessing but broke copying on the way (held-out 0.52 -> 0.40
-    at version 20: reads with no finish until the context filled, invalid calls 5 -> 181);
-    at 3e-4 and 2e-4 the curve rose at every evaluation. The length term is difficulty-aware
+    count, and RL from the weaker ones collapsed; decayed to 0, the SFT lands on the same policy
+    (benchmarks/results/sft_converged.txt). From it, RL at 5e-4 removed the guessing but broke
+    copying on the way (held-out 0.52 -> 0.40 at version 20: reads with no finish until the
+    context filled, invalid calls 5 -> 181); at 3e-4 with a bf16 engine copy one of 5 seeds
+    collapsed the same way late in the decay (valid calls 1.0 -> 0.41 from version 31); with the
+    fp32 copy, or at 2e-4, that seed rose at every evaluation. The length term is difficulty-aware
     (rl.task.length_weights: easy 1, hard 0) with the weights of `lookup_env_config`; `--set
     rl.task.levels=easy,hard` adds hard tasks (a pointer to a second note: 3 tool calls)."""
     from composer_jax.rl.tasks.lookup import lookup_env_config, lookup_model_config
@@ -60,7 +65,7 @@ def _lookup_config(max_staleness: int) -> Config:
                                         levels=("easy",), sft_steps=1600, sft_hasty=0.5,
                                         sft_schedule=Schedule.COSINE),
                   job=JobConfig(num_rollout_workers=32, checkpoint_every=10, eval_every=10),
-                  weight_sync=WeightSyncConfig(full_snapshot_every=10))
+                  weight_sync=WeightSyncConfig(full_snapshot_every=10, dtype=""))
     train = TrainConfig(steps=rl.steps, lr=3e-4, warmup_steps=5, schedule=Schedule.WSD,
                         decay_fraction=0.5, min_lr_ratio=0.1, weight_decay=0.0, grad_clip=1.0,
                         log_every=1)
