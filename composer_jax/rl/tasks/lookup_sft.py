@@ -125,9 +125,8 @@ def _key(cfg, salt: str = "", train=None) -> str:
     rl, t = cfg.rl, cfg.rl.task
     parts = [to_dict(cfg.model), to_dict(cfg.execution), t.sft_seed, t.sft_steps, rl.seq_len,
              list(t.levels), t.num_train_tasks, cfg.train.init_std, lk.SYSTEM, lk.PREAMBLES,
-             t.sft_hasty, "v2", _code_hash(train)] + ([salt] if salt else [])
-    if (t.sft_lr, t.sft_schedule) != (3e-3, Schedule.CONSTANT):   # the earlier keys stay valid
-        parts.append([t.sft_lr, t.sft_schedule.value])
+             t.sft_hasty, t.sft_lr, t.sft_schedule.value, "v2",
+             _code_hash(train)] + ([salt] if salt else [])
     return hashlib.sha256(json.dumps(parts, sort_keys=True,
                                      default=str).encode()).hexdigest()[:16]
 
