@@ -30,7 +30,7 @@ from composer_jax.model import rope as rope_lib
 from composer_jax.model.layers import (Ctx, ParamInit, RMSNorm, linear, make_param, save_as,
                                       use_cpu_matmul)
 from composer_jax.parallel.ring_attention import online_softmax_block, ring_attention
-from composer_jax.parallel.sharding import CPAttention, current, shard
+from composer_jax.parallel.sharding import CPAttention, current, compute_cast, shard
 
 
 def attention_mask(q_segment: jax.Array, kv_segment: jax.Array, q_index: jax.Array,
@@ -272,7 +272,7 @@ def attend_blocked(q, k, v, q_segment, kv_segment, q_index, kv_index, scale: flo
 def mla_kv(n_nope: int, dtype, wkv_b, c, k_pe):
     """`make_kv` for MLA: latent block c [B,s,C] and shared rope key k_pe [B,s,1,R] ->
     k [B,s,H,N+R] (rope key broadcast to every head), v [B,s,H,Dv]. wkv_b [C,H,N+Dv]."""
-    kv = jnp.einsum("bsc,chd->bshd", c.astype(dtype), wkv_b.astype(dtype),
+    kv = jnp.einsum("bsc,chd->bshd", c.astype(dtype), compute_cast(wkv_b, dtype),
                     preferred_element_type=jnp.float32).astype(dtype)
     k_nope, v = kv[..., :n_nope], kv[..., n_nope:]
     k_rope = jnp.broadcast_to(k_pe.astype(dtype), k_nope.shape[:-1] + (k_pe.shape[-1],))

@@ -15,6 +15,7 @@ Shape glossary: B batch, T tokens, D model dim, F FFN width, V vocab, L stacked 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -24,7 +25,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from composer_jax.config import DType, ExecutionConfig, ModelConfig
 from composer_jax.parallel import target
-from composer_jax.parallel.sharding import current
+from composer_jax.parallel.sharding import current, compute_cast
 from composer_jax.quant import quantized_matmul
 
 
@@ -94,10 +95,47 @@ def make_param(rngs: nnx.Rngs | None, shape: tuple[int, ...], axes: tuple[str | 
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm in float32, returned in x's dtype. x [..., D], weight [D]."""
+    """RMSNorm in float32, returned in x's dtype. x [..., D], weight [D]. Under a parallel
+    context it is `rms_norm_lean` (same values, a backward that keeps less)."""
+    if current() is not None:
+        return rms_norm_lean(x, weight, eps)
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def rms_norm_lean(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """`rms_norm` whose backward keeps only x (in its own dtype) and the weight: autodiff keeps
+    the float32 copy of x and the normalised x as well (two float32 [..., D] buffers per norm).
+    The backward recomputes the mean square and the normalised x from x (a reduction and
+    elementwise products) and applies autodiff's own terms."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def _rms_norm_lean_fwd(x, weight, eps):
+    return rms_norm_lean(x, weight, eps), (x, weight)
+
+
+def _rms_norm_lean_bwd(eps, res, dout):
+    x, weight = res
+    xf = x.astype(jnp.float32)
+    ms = jnp.mean(xf * xf, axis=-1, keepdims=True) + eps
+    r = jax.lax.rsqrt(ms)
+    y = xf * r
+    d = dout.astype(jnp.float32)
+    dw = jnp.sum(d * y, axis=tuple(range(d.ndim - 1))).reshape(weight.shape)
+    dy = d * weight.astype(jnp.float32)
+    dr = jnp.sum(dy * xf, axis=-1, keepdims=True)
+    dms = dr * (-0.5 * (r / ms))                       # d rsqrt(m) = -0.5 * rsqrt(m) / m
+    t = (dms / x.shape[-1]) * xf                       # the mean's transpose, once per factor
+    dxf = dy * r + (t + t)
+    return dxf.astype(x.dtype), dw.astype(weight.dtype)
+
+
+rms_norm_lean.defvjp(_rms_norm_lean_fwd, _rms_norm_lean_bwd)
 
 
 def _as_matmul(spec: str, x_ndim: int, w_ndim: int) -> tuple[int, int] | None:
@@ -180,7 +218,9 @@ def linear(x: jax.Array, w: jax.Array, ctx: Ctx, spec: str = "...d,df->...f") ->
         k = math.prod(w.shape[:nc])
         y = cpu_matmul(x.astype(dt).reshape(-1, k), w.astype(dt).reshape(k, -1))
         return y.reshape(x.shape[:lead] + w.shape[nc:]).astype(dt)
-    y = jnp.einsum(spec, x.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+    # the weight's compute-dtype copy is tagged like the gathered weight (`compute_cast`)
+    y = jnp.einsum(spec, x.astype(dt), compute_cast(w, dt),
+                   preferred_element_type=jnp.float32)
     return y.astype(dt)
 
 
@@ -192,6 +232,31 @@ def ffn_linear(x: jax.Array, w: jax.Array, ctx: Ctx, tag: int) -> jax.Array:
         return linear(x, w, ctx)
     return quantized_matmul(x.astype(ctx.dtype), w.astype(ctx.dtype), ctx.fmt,
                             key=ctx.subkey(tag)).astype(ctx.dtype)
+
+
+@jax.custom_vjp
+def swiglu(g: jax.Array, u: jax.Array) -> jax.Array:
+    """silu(g) * u, differentiated by hand: the backward keeps only g and u (autodiff keeps
+    g, sigmoid(g), 1 - sigmoid(g) and silu(g) as well: four more buffers the size of g) and
+    recomputes sigmoid(g) from g (elementwise), then applies autodiff's own terms in its order."""
+    return jax.nn.silu(g) * u
+
+
+def _swiglu_fwd(g, u):
+    return swiglu(g, u), (g, u)
+
+
+def swiglu_backward(res, dh):
+    """(dg, du) of `swiglu` from its residuals (g, u) and the output's cotangent dh."""
+    g, u = res
+    s = jax.nn.sigmoid(g)
+    dsilu = dh * u
+    # autodiff's own terms of silu(g) = g * sigmoid(g), in its order
+    dg = dsilu * s + (dsilu * g) * (s * (1 - s))
+    return dg.astype(g.dtype), (dh * (g * s)).astype(u.dtype)
+
+
+swiglu.defvjp(_swiglu_fwd, swiglu_backward)
 
 
 class RMSNorm(nnx.Module):
@@ -215,6 +280,8 @@ class MLP(nnx.Module):
         self.down = make_param(rngs, (width, d), ("mlp", "embed"), pinit, stack)
 
     def __call__(self, x, ctx: Ctx):
-        h = (jax.nn.silu(save_as(ffn_linear(x, self.gate[...], ctx, 1), "mlpwi_0"))
-             * save_as(ffn_linear(x, self.up[...], ctx, 2), "mlpwi_1"))
+        g = save_as(ffn_linear(x, self.gate[...], ctx, 1), "mlpwi_0")
+        u = save_as(ffn_linear(x, self.up[...], ctx, 2), "mlpwi_1")
+        # under a parallel context: the same product with a backward that keeps only g and u
+        h = swiglu(g, u) if current() is not None else jax.nn.silu(g) * u
         return save_as(ffn_linear(h, self.down[...], ctx, 3), "mlpwo")

@@ -32,8 +32,8 @@ from composer_jax.model.attention import MLA
 from composer_jax.model.layers import (MLP, Ctx, ParamInit, RMSNorm, cpu_without_mesh, linear,
                                       make_param)
 from composer_jax.model.moe import MoE
-from composer_jax.parallel.sharding import (compute_value, gather_for_compute, lookup_on_shards,
-                                            shard)
+from composer_jax.parallel.sharding import (compute_value, current, gather_for_compute, lookup_on_shards,
+                                            saves_all_but_gathered, shard)
 
 
 @struct.dataclass
@@ -99,8 +99,19 @@ REMAT_SAVED = {
 
 
 def _remat(fn, policy: Remat):
+    """The scanned layer body `fn` under `policy`.
+
+    NONE keeps every activation. On a mesh it still wraps the body in `jax.checkpoint` with a
+    policy that saves everything except the layer's parameters gathered for compute and their
+    compute-dtype copies (`sharding.saves_all_but_gathered`): no activation and no matmul is
+    recomputed, the backward gathers the layer's parameter shards again (FSDP). Without a mesh
+    it is the body as it is."""
     if policy == Remat.NONE:
-        return fn
+        if current() is None:
+            return fn
+        return jax.checkpoint(
+            fn, prevent_cse=False,
+            policy=saves_all_but_gathered)
     if policy == Remat.FULL:
         return jax.checkpoint(fn)
     if policy == Remat.DOTS:

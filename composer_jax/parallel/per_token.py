@@ -24,7 +24,8 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from composer_jax.errors import ConfigError
-from composer_jax.parallel.sharding import ParallelContext, check_batch, constrain, current
+from composer_jax.parallel.sharding import (ParallelContext, check_batch, constrain, current,
+                                            gathered)
 
 
 def token_axes(pc: ParallelContext) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -73,7 +74,8 @@ def per_token(fn: Callable, tokens, shared=()):
         check_batch(leaf.shape[:2], pc, what="per-token input")
     spec = token_spec(pc)
     tokens = jax.tree.map(lambda a: constrain(a, spec), tokens)
-    shared = jax.tree.map(lambda a: constrain(a, P()), shared)
+    # replicated copies of parameters: tagged like gathered weights (not saved under remat none)
+    shared = jax.tree.map(lambda a: gathered(a, P()), shared)
 
     def local(tok, sh):
         out, sums = fn(tok, sh)

@@ -17,10 +17,12 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -165,14 +167,83 @@ def state_shardings(state, pc: ParallelContext):
         is_leaf=_is_var)
 
 
+# Parameters gathered for compute (FSDP shards all-gathered) and their compute-dtype copies are
+# made by two ops, `gathered` and `compute_cast`: custom_vjp functions whose backward is exactly
+# autodiff's (the transposed constraint; the cast back), and whose primal carries the name
+# GATHERED, so that a remat policy can tell them apart (`saves_all_but_gathered`). Left to plain
+# autodiff, a scanned layer's saved residuals include its gathered compute-dtype weights, full
+# size on every device ([L, E, D, F] for the experts); under remat none on a mesh
+# `transformer._remat` uses that policy: every activation is still saved, and the backward
+# gathers the layer's parameter shards again, as FSDP does.
+GATHERED = "fsdp_gathered"
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def gathered(x: jax.Array, spec: P) -> jax.Array:
+    """`constrain(x, spec)` for a parameter gathered for compute (tagged GATHERED)."""
+    return checkpoint_name(constrain(x, spec), GATHERED)
+
+
+def _gathered_fwd(x, spec):
+    return gathered(x, spec), None
+
+
+def _gathered_bwd(spec, _, ct):
+    return (constrain(ct, spec),)      # what autodiff does for a sharding constraint
+
+
+gathered.defvjp(_gathered_fwd, _gathered_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _cast(w: jax.Array, dtype, from_dtype) -> jax.Array:
+    return checkpoint_name(w.astype(dtype), GATHERED)
+
+
+def _cast_fwd(w, dtype, from_dtype):
+    return _cast(w, dtype, from_dtype), None
+
+
+def _cast_bwd(dtype, from_dtype, _, ct):
+    return (ct.astype(from_dtype),)    # what autodiff does for a cast
+
+
+_cast.defvjp(_cast_fwd, _cast_bwd)
+
+
+def compute_cast(w: jax.Array, dtype) -> jax.Array:
+    """A parameter w in the compute dtype: `w.astype(dtype)`, under a context the GATHERED op."""
+    if current() is None or w.dtype == jnp.dtype(dtype):
+        return w.astype(dtype)
+    return _cast(w, jnp.dtype(dtype), w.dtype)
+
+
+def _is_gathered_op(params) -> bool:
+    j = params.get("call_jaxpr")
+    j = getattr(j, "jaxpr", j)
+    return any(e.primitive.name == "name" and e.params.get("name") == GATHERED
+               for e in getattr(j, "eqns", ()))
+
+
+def saves_all_but_gathered(prim, *_, **params) -> bool:
+    """Remat policy: every value is saveable except the outputs of `gathered` and
+    `compute_cast` (recomputed from the parameter's storage shard: an all-gather and a cast)
+    and of `pvary` (inside a shard_map, the no-op that marks a replicated value, e.g. such a
+    weight, as varying over the manual axes; where its input is needed it is saved instead)."""
+    if prim.name == "pvary":
+        return False
+    return not (prim.name == "custom_vjp_call" and _is_gathered_op(params))
+
+
 def gather_for_compute(state):
-    """Constrains every Variable of a (per-layer) state to its compute layout; identity w/o context."""
+    """Constrains every Variable of a (per-layer) state to its compute layout (tagged
+    `GATHERED`); identity w/o context."""
     pc = current()
     if pc is None:
         return state
 
     def one(path, v):
-        return v.replace(constrain(v[...], param_spec(path, v, pc, compute=True)))
+        return v.replace(gathered(v[...], param_spec(path, v, pc, compute=True)))
     return jax.tree.map_with_path(one, state, is_leaf=_is_var)
 
 
@@ -332,6 +403,7 @@ def check_batch(shape, pc: ParallelContext, what: str = "batch"):
 
 __all__ = ["CPAttention", "ParallelContext", "activate", "current", "shard", "constrain",
            "state_shardings", "shardings_like_params", "gather_for_compute", "compute_value",
+           "GATHERED", "gathered", "compute_cast", "saves_all_but_gathered",
            "lookup_on_shards", "constrain_like_params", "vocab_parallel_axes", "vocab_parallel_head", "vocab_parallel_tokens",
            "sharding_plan",
            "param_spec", "ConfigError"]
