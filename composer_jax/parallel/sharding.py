@@ -277,6 +277,17 @@ def constrain_like_params(tree, abstract_params):
                         is_leaf=lambda x: isinstance(x, P))
 
 
+def resplit_is_one_all_to_all(d_axes: tuple[str, ...], tokens_spec) -> bool:
+    """Whether moving the mesh axes `d_axes` (that split a [.., D] array's last dim) onto the
+    token dims of `tokens_spec` (a [B, T] PartitionSpec) is one all-to-all: every one of them
+    that splits a token dim splits the same dim, in the same order."""
+    dims = [tuple(a for a in _spec_axes(e) if a in d_axes) for e in tokens_spec]
+    used = [d for d in dims if d]
+    if len(used) > 1:
+        return False
+    return not used or used[0] == tuple(a for a in d_axes if a in used[0])
+
+
 def lookup_on_shards(v: nnx.Variable, ids: jax.Array) -> jax.Array | None:
     """Rows `ids` [B,T] of the table v [V,D] read where the table is stored, or None when that
     does not apply (no context, ids not [B,T], the vocabulary dim itself split).
@@ -286,7 +297,14 @@ def lookup_on_shards(v: nnx.Variable, ids: jax.Array) -> jax.Array | None:
     [B,T,D/n] split over D, the size of one device's [B/n,T,D] activations, which `shard`
     then re-splits over the batch (an all-to-all). Its transpose, the embedding gradient,
     scatter-adds into the local [V, D/n] slice: no device ever holds a full-size [V,D] gradient
-    (gathering the table first made XLA scatter into a full [V,D] buffer and all-reduce it)."""
+    (gathering the table first made XLA scatter into a full [V,D] buffer and all-reduce it).
+
+    Also None (the caller gathers the table) where that re-split is not one all-to-all
+    (`resplit_is_one_all_to_all`): e.g. kimi's cp_ep mesh, whose model-dim axes (context,
+    expert) split two token dims (seq, batch). There XLA:TPU re-splits the rows by all-gathering
+    the whole microbatch's [B, T, D] embeddings on every device (bf16[64,32768,7168] per lookup
+    at cpt_32k on v6e:16x16, forward and backward): 7.7 GiB more HLO temporaries than gathering
+    the table (`benchmarks/results/tpu_fit_lookup.txt`)."""
     pc = current()
     if pc is None or ids.ndim != 2:
         return None
@@ -299,7 +317,11 @@ def lookup_on_shards(v: nnx.Variable, ids: jax.Array) -> jax.Array | None:
     try:
         ids_spec = logical_to_spec(("batch", "seq"), pc.rules, ids.shape, pc.sizes,
                                    what="token ids", drop=d_axes)
+        tokens_spec = logical_to_spec(("batch", "seq"), pc.rules, ids.shape, pc.sizes,
+                                      what="token ids")
     except ConfigError:     # ids that do not split over the batch axes (e.g. a decode batch)
+        return None
+    if not resplit_is_one_all_to_all(d_axes, tokens_spec):
         return None
     table = constrain(v[...], spec)
     out = jnp.take(table, constrain(ids, ids_spec), axis=0)
@@ -403,7 +425,7 @@ def check_batch(shape, pc: ParallelContext, what: str = "batch"):
 
 __all__ = ["CPAttention", "ParallelContext", "activate", "current", "shard", "constrain",
            "state_shardings", "shardings_like_params", "gather_for_compute", "compute_value",
-           "GATHERED", "gathered", "compute_cast", "saves_all_but_gathered",
+           "GATHERED", "gathered", "compute_cast", "saves_all_but_gathered", "resplit_is_one_all_to_all",
            "lookup_on_shards", "constrain_like_params", "vocab_parallel_axes", "vocab_parallel_head", "vocab_parallel_tokens",
            "sharding_plan",
            "param_spec", "ConfigError"]

@@ -140,3 +140,4 @@ def test_rms_norm_lean_gradients_match_autodiff(dtype):
                                    atol=tol, rtol=tol)
     # keeps x and w only
     assert len(saved_residuals(lambda x, w: jnp.sum(rms_norm_lean(x, w, 1e-6)), x, w)) == 2
+
