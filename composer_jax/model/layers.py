@@ -280,8 +280,10 @@ class MLP(nnx.Module):
         self.down = make_param(rngs, (width, d), ("mlp", "embed"), pinit, stack)
 
     def __call__(self, x, ctx: Ctx):
-        g = save_as(ffn_linear(x, self.gate[...], ctx, 1), "mlpwi_0")
-        u = save_as(ffn_linear(x, self.up[...], ctx, 2), "mlpwi_1")
-        # under a parallel context: the same product with a backward that keeps only g and u
-        h = swiglu(g, u) if current() is not None else jax.nn.silu(g) * u
+        if current() is not None:   # the same product, with a backward that keeps only g and u
+            h = swiglu(save_as(ffn_linear(x, self.gate[...], ctx, 1), "mlpwi_0"),
+                       save_as(ffn_linear(x, self.up[...], ctx, 2), "mlpwi_1"))
+        else:
+            h = (jax.nn.silu(save_as(ffn_linear(x, self.gate[...], ctx, 1), "mlpwi_0"))
+                 * save_as(ffn_linear(x, self.up[...], ctx, 2), "mlpwi_1"))
         return save_as(ffn_linear(h, self.down[...], ctx, 3), "mlpwo")
