@@ -34,7 +34,8 @@ from composer_jax.data.cache import build_once, stable_hash
 from composer_jax.data.config import DataConfig, resolved_cache_dir
 from composer_jax.data.errors import DataError
 from composer_jax.env.config import EnvConfig
-from composer_jax.env.tasks.ladder_plan import oracle_agent
+from composer_jax.env.protocol import parse_assistant, render_assistant
+from composer_jax.env.tasks.ladder_plan import LADDER_KINDS, oracle_agent
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tools import TOOL_SPECS
 
@@ -102,6 +103,26 @@ def episode_sample(tokenizer, episode, tools: Sequence[dict]) -> tuple[list[int]
     return None if messages is None else chat.encode_messages(tokenizer, messages, tools)
 
 
+HASTY_FINISH = {"message": "Fixed; the failing tests pass now."}
+
+
+def is_hasty(task_id: str, fraction: float) -> bool:
+    """Whether `task_id` gets a hasty demonstration (`sft_hasty`): a hash of the id below the fraction."""
+    return fraction > 0 and int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 2**32 < fraction
+
+
+def hasty_messages(messages: list[dict]) -> list[dict] | None:
+    """The hasty variant of a careful episode's conversation (`episode_messages`): system, task, the
+    first tool call and its result, then `finish` claiming a fix with nothing edited (the habit of
+    `data.sft_hasty`); None when the episode has no first tool result."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "tool"), None)
+    if first is None or messages[first - 1]["role"] != "assistant":
+        return None
+    turn = parse_assistant(render_assistant("", [("finish", HASTY_FINISH)], first_index=1), first_index=1)
+    return [*messages[:first + 1], {"role": "assistant", "content": turn.content,
+                                    "tool_calls": [c.to_json() for c in turn.tool_calls]}]
+
+
 def oracle_episodes(pool_dir: str | Path, episode_loop, env_cfg=None, workers: int = 1, limit: int = 0,
                     progress: bool = False):
     """`(task, episode)` for the first `limit` (0 = all) training tasks of the pool, in task-id order,
@@ -136,7 +157,8 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
     manifest_bytes = json.dumps(pool_manifest(cfg.sft_pool), sort_keys=True).encode("utf-8")
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
                        "tools": TOOL_SPECS, "template": chat.template_fingerprint(),
-                       "max_samples": cfg.sft_max_samples, "v": 1})
+                       "max_samples": cfg.sft_max_samples, "v": 1,
+                       **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {})})
 
     def build(out: Path) -> None:
         if episode_loop is None:
@@ -144,7 +166,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                             "them runs the agent's episode loop, which was not given: run `python "
                             "launch.py --experiment=sft` with this data config (it builds them), or pass "
                             "episode_loop=composer_jax.agent.episode.run_episode")
-        counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0}
+        counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0, "hasty": 0}
         skipped: list[str] = []
 
         def docs():
@@ -156,10 +178,17 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     counts["skipped"] += 1
                     skipped.append(f"{task.task_id} ({_why_skipped(episode)})")
                     continue
-                counts["samples"] += 1
-                counts["sample_tokens"] += len(sample[0])
-                counts["trained_tokens"] += sum(sample[1])
-                yield sample
+                samples = [sample]
+                if task.kind in LADDER_KINDS and is_hasty(task.task_id, cfg.sft_hasty):
+                    hasty = hasty_messages(episode_messages(episode))
+                    if hasty is not None:
+                        counts["hasty"] += 1
+                        samples.append(chat.encode_messages(tokenizer, hasty, TOOL_SPECS))
+                for s in samples:
+                    counts["samples"] += 1
+                    counts["sample_tokens"] += len(s[0])
+                    counts["trained_tokens"] += sum(s[1])
+                    yield s
 
         shards.write_store(out, "sft", docs(), shards.token_dtype(tokenizer.vocab_size))
         if counts["samples"] == 0:

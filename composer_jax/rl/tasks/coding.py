@@ -110,7 +110,9 @@ class CodingFamily(TaskFamily):
         engine = EngineClient(policy, self.engine_settings()["max_len"], self.cfg.model.vocab_size)
         agent_cfg = AgentConfig(summary_trigger_tokens=rl.summary_trigger_tokens,
                                 max_new_tokens=rl.max_new_tokens,
-                                temperature=0.0 if greedy else rl.temperature,
+                                # held-out episodes come greedy; rl.eval_greedy=false samples
+                                # them at rl.temperature like the lookup family's evaluator
+                                temperature=0.0 if greedy and rl.eval_greedy else rl.temperature,
                                 record_messages=False,
                                 resume_replay=rl.resume_mode.value == "replay")
         agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.cfg.env,
