@@ -134,3 +134,18 @@ def test_heldout_modules_never_in_training_rows_on_token_ids(tmp_path):
     held_rows = [_episode_row(tok, pool, by_id[i]) for i in fam.make_tasks("eval")]
     found = {m for _, m, _ in find_leaks(held_rows, sigs)}
     assert found == set(sigs)
+
+
+def test_ladder_plan_reruns_step_ones_test_in_a_short_turn(tmp_path):
+    pool = _pool(tmp_path)
+    tok = _tokenizer(pool)
+    for task in pool.tasks():
+        plan = ladder_plan(task, pool.task_dir(task.task_id))
+        names = [n for n, _ in plan]
+        assert names[:2] == ["run_terminal_cmd", "read_file"] and names[-2:] == ["run_terminal_cmd",
+                                                                                  "finish"]
+        first, rerun = plan[0][1]["command"], plan[-2][1]["command"]
+        assert first.split(" 2>&1")[0] == rerun.split(" 2>&1")[0] == \
+            f"python -m unittest {task.fail_to_pass[0]}"
+        text = p.render_assistant("", [plan[-2]], first_index=len(plan) - 2)
+        assert len(tok.encode(text)) < 120
