@@ -10,12 +10,14 @@ resolved episode
 that ended with `finish` and made no invalid call becomes one sample: tool declarations, system
 prompt, the user's problem statement, the assistant turns with their tool calls, the tool results
 and the final `finish` call, rendered and masked by `composer_jax.data.chat` (loss on the assistant
-bodies only). Other episodes are skipped and counted.
+bodies only). Other episodes are skipped and counted. With `data.sft_hasty` > 0, that fraction of a ladder
+pool's training tasks (by a hash of the task id) also gives a hasty sample (`hasty_messages`: the
+first tool call and its result, then `finish` with nothing edited), the planted habit RL removes.
 
 Samples are cached like the docstring ones (`<cache>/sft_env/<key>/`, one TokenStore "sft" with a
 trainable mask, plus `info.json` with the counts), keyed by the pool's manifest, the tokenizer, the
-tool declarations, the chat template and `sft_max_samples` (> 0: only the first that many training
-tasks), so the episodes run once per pool and tokenizer. The environment settings (sandbox, limits)
+tool declarations, the chat template, `sft_max_samples` (> 0: only the first that many training
+tasks) and `sft_hasty` (when > 0), so the episodes run once per pool and tokenizer. The environment settings (sandbox, limits)
 shape only tool-output text and are not part of the key.
 """
 
@@ -37,7 +39,7 @@ from composer_jax.env.config import EnvConfig
 from composer_jax.env.protocol import parse_assistant, render_assistant
 from composer_jax.env.tasks.ladder_plan import LADDER_KINDS, oracle_agent
 from composer_jax.env.tasks.pool import TaskPool
-from composer_jax.env.tools import TOOL_SPECS
+from composer_jax.env.tools import declared_specs
 
 TRAIN_SPLIT = "train"
 MANIFEST = "manifest.json"
@@ -155,8 +157,9 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
     missing one is a DataError. `info.json` next to the store counts tasks, samples and skipped
     episodes."""
     manifest_bytes = json.dumps(pool_manifest(cfg.sft_pool), sort_keys=True).encode("utf-8")
+    tools = declared_specs(cfg.sft_prompt_tools)
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
-                       "tools": TOOL_SPECS, "template": chat.template_fingerprint(),
+                       "tools": tools, "template": chat.template_fingerprint(),
                        "max_samples": cfg.sft_max_samples, "v": 1,
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {})})
 
@@ -173,7 +176,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
             workers = cfg.build_workers or 2
             for task, episode in oracle_episodes(cfg.sft_pool, episode_loop, env_cfg, workers, cfg.sft_max_samples, cfg.progress):
                 counts["tasks"] += 1
-                sample = None if isinstance(episode, Exception) else episode_sample(tokenizer, episode, TOOL_SPECS)
+                sample = None if isinstance(episode, Exception) else episode_sample(tokenizer, episode, tools)
                 if sample is None:
                     counts["skipped"] += 1
                     skipped.append(f"{task.task_id} ({_why_skipped(episode)})")
@@ -183,7 +186,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     hasty = hasty_messages(episode_messages(episode))
                     if hasty is not None:
                         counts["hasty"] += 1
-                        samples.append(chat.encode_messages(tokenizer, hasty, TOOL_SPECS))
+                        samples.append(chat.encode_messages(tokenizer, hasty, tools))
                 for s in samples:
                     counts["samples"] += 1
                     counts["sample_tokens"] += len(s[0])

@@ -149,3 +149,29 @@ def test_ladder_plan_reruns_step_ones_test_in_a_short_turn(tmp_path):
             f"python -m unittest {task.fail_to_pass[0]}"
         text = p.render_assistant("", [plan[-2]], first_index=len(plan) - 2)
         assert len(tok.encode(text)) < 120
+
+
+def test_prompt_tools_shorten_the_prompt_and_follow_the_policys_sft(tmp_path):
+    from composer_jax.env.tools import TOOL_NAMES, declared_specs
+    from composer_jax.rl.tasks.coding import with_policy_prompt_tools
+    four = ("read_file", "search_replace", "run_terminal_cmd", "finish")
+    assert declared_specs() == tuple(TOOL_SPECS)
+    assert [s["name"] for s in declared_specs(four[::-1])] == list(four[:1]) + ["search_replace",
+                                                                                "run_terminal_cmd", "finish"]
+    assert set(TOOL_NAMES) > set(four)
+    with pytest.raises(ValueError):
+        declared_specs(("read_file", "teleport"))
+    pool = _pool(tmp_path)
+    tok = _tokenizer(pool)
+    system = [{"role": "system", "content": p.SYSTEM_PROMPT}]
+    full, short = (len(encode_prompt(tok, system, tools)) for tools in (TOOL_SPECS, declared_specs(four)))
+    assert short < 0.65 * full
+    run = tmp_path / "sft"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"data": {"sft_prompt_tools": list(four)}}))
+    cfg = Config()
+    assert with_policy_prompt_tools(cfg, run).env.prompt_tools == four
+    assert with_policy_prompt_tools(cfg, tmp_path).env == cfg.env        # no run config: unchanged
+    other = dataclasses.replace(cfg, env=EnvConfig(prompt_tools=("finish",)))
+    with pytest.raises(ConfigError):
+        with_policy_prompt_tools(other, run)
