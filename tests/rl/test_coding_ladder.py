@@ -175,3 +175,17 @@ def test_prompt_tools_shorten_the_prompt_and_follow_the_policys_sft(tmp_path):
     other = dataclasses.replace(cfg, env=EnvConfig(prompt_tools=("finish",)))
     with pytest.raises(ConfigError):
         with_policy_prompt_tools(other, run)
+
+
+def test_ladder_runs_get_the_ladder_defaults_and_keep_what_the_user_set():
+    from composer_jax import registry
+    from experiments.rl import _coding_config, _coding_ladder_config, with_task_defaults
+    cfg = registry.get("rl_async").make_config()
+    task = CodingTaskConfig(levels=(1,), init_from="runs/sft")
+    user = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=task, steps=12))
+    c = with_task_defaults(user, _coding_ladder_config)
+    assert c.rl.eval_greedy is False and c.env.max_turns == 6 and c.rl.max_new_tokens == 160
+    assert (c.rl.task.levels, c.rl.task.init_from, c.rl.task.num_eval_tasks) == ((1,), "runs/sft", 64)
+    assert c.rl.steps == 12 and c.rl.job.eval_every == 15 and c.rl.weight_sync.dtype == ""
+    assert c.train.lr == 2e-4 and c.env.max_turns > len(["run", "read", "edit", "rerun", "finish"])
+    assert _coding_config(2).rl.eval_greedy and _coding_config(2).env.max_turns == 4   # older family
