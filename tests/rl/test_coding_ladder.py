@@ -186,6 +186,6 @@ def test_ladder_runs_get_the_ladder_defaults_and_keep_what_the_user_set():
     c = with_task_defaults(user, _coding_ladder_config)
     assert c.rl.eval_greedy is False and c.env.max_turns == 6 and c.rl.max_new_tokens == 160
     assert (c.rl.task.levels, c.rl.task.init_from, c.rl.task.num_eval_tasks) == ((1,), "runs/sft", 64)
-    assert c.rl.steps == 12 and c.rl.job.eval_every == 15 and c.rl.weight_sync.dtype == ""
-    assert c.train.lr == 2e-4 and c.env.max_turns > len(["run", "read", "edit", "rerun", "finish"])
+    assert c.rl.steps == 12 and c.rl.job.eval_every == 20 and c.rl.weight_sync.dtype == ""
+    assert c.train.lr == 3e-4 and c.env.max_turns > len(["run", "read", "edit", "rerun", "finish"])
     assert _coding_config(2).rl.eval_greedy and _coding_config(2).env.max_turns == 4   # older family
