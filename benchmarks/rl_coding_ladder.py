@@ -2,6 +2,8 @@
 plus the disjointness of held-out modules from every training row actually used.
 
     python benchmarks/rl_coding_ladder.py RUN [RUN ...] [--pool POOL] [--sft SFT_RUN] [--out FILE]
+    python benchmarks/rl_coding_ladder.py --policy POLICY --config RUN [--split eval|train]
+                                          [--greedy] [--tasks N]
 
 For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir): the held-out
 evaluation rows of metrics.jsonl (`rl.evaluators.EvaluatorService`: one episode per held-out task,
@@ -10,6 +12,11 @@ turns, generated tokens, outcome classes (`rl.batch_metrics.outcome_class`) and 
 flagged as tampering; the training rows' totals (episodes, tampered, valid-call rate first/last
 third) and the run's rollouts/s (rl_summary.json). Pooled over runs: the mean of the per-run first
 and last evaluations, SE = sqrt(sum SE_i^2) / n, z = (last - first) / sqrt(SE_first^2 + SE_last^2).
+
+With --policy (a run workdir, WORKDIR@V, or the SFT run): that policy's episodes on N tasks of the
+split (held-out `eval` or `train`) with RUN's config (its family, pool and engine settings) through
+the real agent, sandbox and grader (`rl.family_eval.FamilyEvaluator`'s engine), greedy or sampled at
+rl.temperature; prints resolved +- SE, valid-call rate and outcome classes.
 
 With --pool and --sft: `env.tasks.ladder_disjoint` signatures of the pool's held-out modules
 searched in every SFT sample of SFT_RUN (its cached oracle store) and in the token ids of every
@@ -61,7 +68,8 @@ def run_report(workdir: pathlib.Path) -> tuple[list[str], dict]:
     head += [SHORT[c] for c in OUTCOMES]
     out.append("  " + " ".join(f"{h:>11}" for h in head))
     for r in evals:
-        vals = [int(r["step"]), int(r.get("heldout_parity_num_tasks", r.get("eval_num_tasks", 0)) or 0),
+        n = next((v for k, v in r.items() if k.endswith("_num_tasks")), 0)
+        vals = [int(r["step"]), int(n),
                 r["eval_resolved_rate"], r["eval_resolved_se"], r.get("eval_valid_call_rate", math.nan),
                 r.get("eval_turns_mean", math.nan), r.get("eval_generated_tokens_mean", math.nan),
                 int(r.get("eval_tampered", -1))]
@@ -70,7 +78,8 @@ def run_report(workdir: pathlib.Path) -> tuple[list[str], dict]:
     info = {"evals": [{k: r.get(k) for k in ("step", "eval_resolved_rate", "eval_resolved_se")} for r in evals]}
     if train:
         third = max(1, len(train) // 3)
-        eps = sum(r.get("num_rollouts", r.get("rollouts", 0)) or 0 for r in train)
+        from composer_jax.rl.stream import RolloutLog
+        eps = sum(len(row["rollout_ids"]) for row in RolloutLog(workdir / "rollouts").consumed_rows())
         tampered = sum(r.get("tampered", 0.0) for r in train)
         vr = lambda rs: float(np.mean([r["valid_call_rate"] for r in rs if "valid_call_rate" in r]))  # noqa: E731
         res = lambda rs: float(np.mean([r["resolved_rate"] for r in rs]))  # noqa: E731
@@ -143,13 +152,58 @@ def disjoint(pool_dir: str, sft_run: str, runs: list[pathlib.Path]) -> tuple[lis
     return out, total
 
 
+def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> list[str]:
+    """Episodes of `policy` on the first `n` tasks of `split` (module docstring)."""
+    import concurrent.futures
+    import dataclasses
+
+    from composer_jax.rl.batch_metrics import behaviour_metrics, outcome_metrics, resolved_of, standard_error
+    from composer_jax.rl.family_eval import FamilyEvaluator, run_config
+    from composer_jax.rl.program import LocalClient, build_program
+    from composer_jax.rl.task_program import task_program_spec
+    from composer_jax.train.weights import load_weights
+
+    cfg = run_config(run)
+    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, eval_greedy=greedy))
+    program = build_program(task_program_spec(cfg))
+    tasks = program.make_tasks("train" if split == "train" else "eval")[:n]
+    path, _, step = policy.partition("@")
+    weights = load_weights(str(pathlib.Path(path).resolve()) + (f"@{step}" if step else ""), cfg)
+    model = weights.model()
+    ev = FamilyEvaluator(program, cfg, engine_model=model)
+    try:
+        ev._load(model, 0)
+        client = LocalClient(ev._server)
+        with concurrent.futures.ThreadPoolExecutor(min(cfg.rl.job.num_rollout_workers, len(tasks))) as ex:
+            rs = list(ex.map(lambda it: program.run_episode(it[1], cfg.seed + it[0], client, greedy=greedy),
+                             enumerate(tasks)))
+    finally:
+        ev.close()
+    res = [resolved_of(r) for r in rs]
+    b, o = behaviour_metrics(rs), outcome_metrics(rs)
+    return [f"policy {policy} (step {weights.step}) on {len(rs)} {split} tasks, "
+            f"{'greedy' if greedy else f'sampled at T={cfg.rl.temperature}'}: resolved {np.mean(res):.3f} +- "
+            f"{standard_error(res):.3f}; valid-call rate {b.get('valid_call_rate', math.nan):.3f}, turns "
+            f"{b.get('turns_mean', math.nan):.2f}, generated tokens {b.get('generated_tokens_mean', math.nan):.1f}, "
+            f"tampered {int(o.get('tampered', 0))}",
+            "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+")
+    ap.add_argument("runs", nargs="*")
+    ap.add_argument("--policy", default="")
+    ap.add_argument("--config", default="")
+    ap.add_argument("--split", default="eval", choices=("eval", "train"))
+    ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--pool", default="")
     ap.add_argument("--sft", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
+    if a.policy:
+        print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks)))
+        return 0
     lines, infos = [], []
     for run in a.runs:
         text, info = run_report(pathlib.Path(run))
