@@ -94,7 +94,7 @@ def run_report(workdir: pathlib.Path) -> tuple[list[str], dict]:
     if summary:
         tot = summary.get("totals", summary)
         out.append(f"  wall {tot.get('elapsed_s', math.nan):.0f} s in the RL loop, rollouts/s "
-                   f"{tot.get('rollouts_per_sec', math.nan):.3f} (training and held-out episodes)")
+                   f"{tot.get('rollouts_per_sec', math.nan):.3f} (training episodes; held-out ones not counted)")
         info.update(elapsed_s=tot.get("elapsed_s"), rollouts_per_sec=tot.get("rollouts_per_sec"))
     return out, info
 
@@ -166,7 +166,7 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> 
     cfg = run_config(run)
     cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, eval_greedy=greedy))
     program = build_program(task_program_spec(cfg))
-    tasks = program.make_tasks("train" if split == "train" else "eval")[:n]
+    tasks = list(program.train_tasks() if split == "train" else program.eval_tasks())[:n]
     path, _, step = policy.partition("@")
     weights = load_weights(str(pathlib.Path(path).resolve()) + (f"@{step}" if step else ""), cfg)
     model = weights.model()
