@@ -14,6 +14,7 @@ from composer_jax.config import Config, RLConfig
 from composer_jax.config.rl import CodingTaskConfig
 from composer_jax.data.chat import encode_messages, encode_prompt
 from composer_jax.data.config import SplitPattern
+from composer_jax.data.sft_env import hasty_messages
 from composer_jax.data.tokenizer import train_tokenizer
 from composer_jax.env import protocol as p
 from composer_jax.env.config import EnvConfig
@@ -72,7 +73,7 @@ def _tokenizer(pool: TaskPool):
     return train_tokenizer(texts, 1024, SplitPattern.KIMI)
 
 
-def _episode_row(tok, pool: TaskPool, task: Task) -> list[int]:
+def _episode_row(tok, pool: TaskPool, task: Task, hasty: bool = False) -> list[int]:
     """An SFT row of the scripted ladder episode of `task`: statement, every planned call, and as
     tool results a traceback naming the module and the module's whole text (a read of it)."""
     d = pool.task_dir(task.task_id)
@@ -86,6 +87,8 @@ def _episode_row(tok, pool: TaskPool, task: Task) -> list[int]:
         result = (f'  File "/workspace/{task.edit_files[0]}", line 3, in f\nNameError'
                   if k == 0 else module if k == 1 else "ok")
         messages.append({"role": "tool", "tool_call_id": f"functions.x:{k}", "content": result})
+    if hasty:                                   # data.sft_hasty's variant of the same episode
+        messages = hasty_messages(messages)
     return encode_messages(tok, messages, TOOL_SPECS)[0]
 
 
@@ -125,7 +128,7 @@ def test_heldout_modules_never_in_training_rows_on_token_ids(tmp_path):
     assert set(sigs) == HELD and all(len(s) >= 3 for s in sigs.values())
     by_id = {t.task_id: t for t in pool.tasks()}
     train = [by_id[i] for i in fam.make_tasks("train")]
-    rows = [_episode_row(tok, pool, t) for t in train]                       # SFT rows
+    rows = [_episode_row(tok, pool, t, hasty) for t in train for hasty in (False, True)]  # SFT rows
     rows += [encode_prompt(tok, [{"role": "system", "content": p.SYSTEM_PROMPT},
                                  {"role": "user", "content": t.problem_statement}], TOOL_SPECS)
              for t in train]                                                  # RL prompts
