@@ -60,13 +60,23 @@ class EvaluatorService:
                    f"{self.name}_error_rate": float(np.mean([r.error is not None for r in rs])),
                    f"{self.name}_num_tasks": float(len(rs)),
                    "eval_resolved_rate": rate, "eval_resolved_se": standard_error(res),
-                   "eval_source": self.SOURCE, **level_metrics(rs, "eval_")}
+                   "eval_source": self.SOURCE, **_sampled_versions(rs), **level_metrics(rs, "eval_")}
             self.results[job.eval_version] = row
             del self._pending[job.eval_version]
             self._log_metrics(job.eval_version, row)
 
     def busy(self) -> bool:
         return bool(self._pending)
+
+
+def _sampled_versions(rollouts) -> dict:
+    """The oldest and newest policy versions the held-out episodes sampled tokens with
+    (`eval_sampled_version_min/max`; none when no episode sampled a token): the driver pins the
+    engine so both equal the version the row is logged under."""
+    vs = [int(v) for r in rollouts for s in r.segments for v, t in zip(s.versions, s.trainable)
+          if t]
+    return ({"eval_sampled_version_min": float(min(vs)), "eval_sampled_version_max": float(max(vs))}
+            if vs else {})
 
 
 class CheckpointEvaluator:
