@@ -122,6 +122,29 @@ def _coding_config(max_staleness: int) -> Config:
     return dataclasses.replace(base, rl=rl, train=train, env=env, eval=ev)
 
 
+def _coding_ladder_config(max_staleness: int) -> Config:
+    """rl.task=coding with rl.task.levels (the difficulty ladder, issue 41): `_coding_config` sized
+    for ladder episodes (benchmarks/results/rl_coding_ladder.txt). A level-1 oracle episode is 5
+    calls (run the failing test, read the window, edit, rerun, finish) of 30-85 generated tokens
+    each in ~1.7k tokens with the 4 declared tools (env.prompt_tools, adopted from the SFT policy),
+    so 6 turns of up to 160 new tokens in 3072-token rows; held-out episodes (64 tasks of held-out
+    modules) are sampled at T = 1 (rl.eval_greedy=false: an SFT policy with a habit taken on some
+    episodes shows it in samples, not in its argmax) at versions 0 and 20 (an evaluation is 64
+    episodes, a version 8: on 2 shared cores the run is sized by episodes); Adam warmed up over 3
+    versions to 3e-4, held, then decayed to 3e-5 over the second half (the lookup recipe);
+    weights shipped to the engine in fp32."""
+    base = _coding_config(max_staleness)
+    rl = dataclasses.replace(
+        base.rl, steps=20, max_new_tokens=160, eval_greedy=False,
+        task=CodingTaskConfig(levels=(1,), num_train_tasks=240, num_eval_tasks=64,
+                              ladder_train=240, ladder_heldout=64),
+        job=dataclasses.replace(base.rl.job, checkpoint_every=5, eval_every=20))
+    train = dataclasses.replace(base.train, steps=rl.steps, lr=3e-4, warmup_steps=3,
+                                schedule=Schedule.WSD, decay_fraction=0.5, min_lr_ratio=0.1)
+    env = dataclasses.replace(base.env, max_turns=6)
+    return dataclasses.replace(base, rl=rl, train=train, env=env)
+
+
 def _python_version() -> str:
     """The newest Python of the machine the environment can run tasks with."""
     from composer_jax.env.pythons import find_pythons
@@ -177,6 +200,8 @@ def prepare(cfg: Config) -> Config:
     from composer_jax.rl.tasks import get
     from composer_jax.rl.tasks.coding import CodingFamily
     defaults = {"coding": _coding_config, "parity": _config}.get(cfg.rl.task.family)
+    if defaults is _coding_config and getattr(cfg.rl.task, "levels", ()):
+        defaults = _coding_ladder_config
     if defaults is not None:
         cfg = with_task_defaults(cfg, defaults)
     family = get(cfg.rl.task.family)

@@ -54,7 +54,7 @@ from composer_jax.env import protocol
 from composer_jax.env.grading import grade_workspace
 from composer_jax.env.rewards import compute_reward
 from composer_jax.env.tasks.task import Task
-from composer_jax.env.tools import TOOL_SPECS
+from composer_jax.env.tools import declared_specs
 from composer_jax.env.workspace import open_workspace
 from composer_jax.errors import ConfigError
 from composer_jax.protocol.params import SamplingParams
@@ -182,7 +182,7 @@ class TokenAgent:
         self.engine, self.tokenizer, self.cfg = engine, tokenizer, cfg
         self.env_cfg = env_cfg if env_cfg is not None else EnvConfig()
         self.policy = policy
-        self.tools = tuple(TOOL_SPECS) if cfg.include_tool_specs else ()
+        self.tools = declared_specs(self.env_cfg.prompt_tools) if cfg.include_tool_specs else ()
         ids = {name: tokenizer.token_to_id(name) for name in
                (st.BOS, protocol.IM_END, protocol.TOOL_CALLS_BEGIN, protocol.TOOL_CALL_BEGIN,
                 st.SUMMARY_BEGIN, st.SUMMARY_END)}

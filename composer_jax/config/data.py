@@ -55,7 +55,10 @@ class DataConfig:
     Tokenizer: `tokenizer_path` ("" = train a byte-level BPE of `vocab_size` on the corpus).
     Pipeline: `seq_len` T, `global_batch_size` (split evenly over hosts), `shuffle_seed`.
     SFT: `sft_source` (SftSource) and `sft_pool` (a task pool directory written by `env_generate`,
-    for ENV_ORACLE); the docstring source's filters `sft_min_docstring_chars`, `sft_max_function_lines`.
+    for ENV_ORACLE); the docstring source's filters `sft_min_docstring_chars`, `sft_max_function_lines`;
+    `sft_hasty`: the fraction of a ladder pool's training tasks (chosen by a hash of the task id) that
+    get, besides their careful oracle demonstration, a hasty one (run the failing test, then finish
+    claiming a fix without editing: a planted habit for RL to remove, `data.sft_env.hasty_messages`).
     """
 
     # --- corpus ---
@@ -98,6 +101,9 @@ class DataConfig:
     sft_max_samples: int = 0            # > 0: only the first N SFT samples / training tasks
     sft_min_docstring_chars: int = 24
     sft_max_function_lines: int = 60
+    sft_hasty: float = 0.0              # ladder pools: share of tasks with an extra hasty demonstration
+    sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
+                                            # the `sft` experiment sets it from env.prompt_tools)
 
     def __post_init__(self) -> None:
         if isinstance(self.split_pattern, str) and not isinstance(self.split_pattern, SplitPattern):
@@ -135,7 +141,7 @@ _INT_MINIMUMS = {
     "eval_max_batches": 0, "sft_max_samples": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
 }
 _FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),
-              "validation_fraction": (False, False)}
+              "validation_fraction": (False, False), "sft_hasty": (True, False)}
 
 
 def resolved_cache_dir(cfg: DataConfig) -> str:

@@ -70,6 +70,8 @@ class EnvConfig:
     search_max_results: int = 20        # file search tool: results returned
     codebase_search_top_k: int = 5      # codebase_search tool: chunks returned
     use_embeddings: bool = True         # codebase_search uses the embedding model (else BM25 only)
+    prompt_tools: tuple[str, ...] = ()  # tools declared in the prompt (() = all); every tool still
+                                        # works when called (a shorter prompt, not fewer tools)
     # --- episode -------------------------------------------------------------------------------
     max_turns: int = 40                 # assistant turns per episode
     max_tokens: int = 65536             # tokens per episode
@@ -155,6 +157,8 @@ class EnvConfig:
         _check(self.max_processes >= 4, f"{p}max_processes must be >= 4, got {self.max_processes}")
         _check(self.max_output_bytes >= 256,
                f"{p}max_output_bytes must be >= 256, got {self.max_output_bytes}")
+        _check(isinstance(self.prompt_tools, tuple) and all(isinstance(t, str) for t in self.prompt_tools),
+               f"{p}prompt_tools must be a tuple of tool names, got {self.prompt_tools!r}")
         for b in self.extra_ro_binds:
             _check(isinstance(b, str) and b.startswith("/"),
                    f"{p}extra_ro_binds must hold absolute paths, got {b!r}")

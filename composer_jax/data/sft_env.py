@@ -10,12 +10,14 @@ resolved episode
 that ended with `finish` and made no invalid call becomes one sample: tool declarations, system
 prompt, the user's problem statement, the assistant turns with their tool calls, the tool results
 and the final `finish` call, rendered and masked by `composer_jax.data.chat` (loss on the assistant
-bodies only). Other episodes are skipped and counted.
+bodies only). Other episodes are skipped and counted. With `data.sft_hasty` > 0, that fraction of a ladder
+pool's training tasks (by a hash of the task id) also gives a hasty sample (`hasty_messages`: the
+first tool call and its result, then `finish` with nothing edited), the planted habit RL removes.
 
 Samples are cached like the docstring ones (`<cache>/sft_env/<key>/`, one TokenStore "sft" with a
 trainable mask, plus `info.json` with the counts), keyed by the pool's manifest, the tokenizer, the
-tool declarations, the chat template and `sft_max_samples` (> 0: only the first that many training
-tasks), so the episodes run once per pool and tokenizer. The environment settings (sandbox, limits)
+tool declarations, the chat template, `sft_max_samples` (> 0: only the first that many training
+tasks) and `sft_hasty` (when > 0), so the episodes run once per pool and tokenizer. The environment settings (sandbox, limits)
 shape only tool-output text and are not part of the key.
 """
 
@@ -34,9 +36,10 @@ from composer_jax.data.cache import build_once, stable_hash
 from composer_jax.data.config import DataConfig, resolved_cache_dir
 from composer_jax.data.errors import DataError
 from composer_jax.env.config import EnvConfig
-from composer_jax.env.tasks.ladder_plan import oracle_agent
+from composer_jax.env.protocol import parse_assistant, render_assistant
+from composer_jax.env.tasks.ladder_plan import LADDER_KINDS, oracle_agent
 from composer_jax.env.tasks.pool import TaskPool
-from composer_jax.env.tools import TOOL_SPECS
+from composer_jax.env.tools import declared_specs
 
 TRAIN_SPLIT = "train"
 MANIFEST = "manifest.json"
@@ -102,6 +105,26 @@ def episode_sample(tokenizer, episode, tools: Sequence[dict]) -> tuple[list[int]
     return None if messages is None else chat.encode_messages(tokenizer, messages, tools)
 
 
+HASTY_FINISH = {"message": "Fixed; the failing tests pass now."}
+
+
+def is_hasty(task_id: str, fraction: float) -> bool:
+    """Whether `task_id` gets a hasty demonstration (`sft_hasty`): a hash of the id below the fraction."""
+    return fraction > 0 and int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 2**32 < fraction
+
+
+def hasty_messages(messages: list[dict]) -> list[dict] | None:
+    """The hasty variant of a careful episode's conversation (`episode_messages`): system, task, the
+    first tool call and its result, then `finish` claiming a fix with nothing edited (the habit of
+    `data.sft_hasty`); None when the episode has no first tool result."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "tool"), None)
+    if first is None or messages[first - 1]["role"] != "assistant":
+        return None
+    turn = parse_assistant(render_assistant("", [("finish", HASTY_FINISH)], first_index=1), first_index=1)
+    return [*messages[:first + 1], {"role": "assistant", "content": turn.content,
+                                    "tool_calls": [c.to_json() for c in turn.tool_calls]}]
+
+
 def oracle_episodes(pool_dir: str | Path, episode_loop, env_cfg=None, workers: int = 1, limit: int = 0,
                     progress: bool = False):
     """`(task, episode)` for the first `limit` (0 = all) training tasks of the pool, in task-id order,
@@ -134,9 +157,11 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
     missing one is a DataError. `info.json` next to the store counts tasks, samples and skipped
     episodes."""
     manifest_bytes = json.dumps(pool_manifest(cfg.sft_pool), sort_keys=True).encode("utf-8")
+    tools = declared_specs(cfg.sft_prompt_tools)
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
-                       "tools": TOOL_SPECS, "template": chat.template_fingerprint(),
-                       "max_samples": cfg.sft_max_samples, "v": 1})
+                       "tools": tools, "template": chat.template_fingerprint(),
+                       "max_samples": cfg.sft_max_samples, "v": 1,
+                       **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {})})
 
     def build(out: Path) -> None:
         if episode_loop is None:
@@ -144,22 +169,29 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                             "them runs the agent's episode loop, which was not given: run `python "
                             "launch.py --experiment=sft` with this data config (it builds them), or pass "
                             "episode_loop=composer_jax.agent.episode.run_episode")
-        counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0}
+        counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0, "hasty": 0}
         skipped: list[str] = []
 
         def docs():
             workers = cfg.build_workers or 2
             for task, episode in oracle_episodes(cfg.sft_pool, episode_loop, env_cfg, workers, cfg.sft_max_samples, cfg.progress):
                 counts["tasks"] += 1
-                sample = None if isinstance(episode, Exception) else episode_sample(tokenizer, episode, TOOL_SPECS)
+                sample = None if isinstance(episode, Exception) else episode_sample(tokenizer, episode, tools)
                 if sample is None:
                     counts["skipped"] += 1
                     skipped.append(f"{task.task_id} ({_why_skipped(episode)})")
                     continue
-                counts["samples"] += 1
-                counts["sample_tokens"] += len(sample[0])
-                counts["trained_tokens"] += sum(sample[1])
-                yield sample
+                samples = [sample]
+                if task.kind in LADDER_KINDS and is_hasty(task.task_id, cfg.sft_hasty):
+                    hasty = hasty_messages(episode_messages(episode))
+                    if hasty is not None:
+                        counts["hasty"] += 1
+                        samples.append(chat.encode_messages(tokenizer, hasty, tools))
+                for s in samples:
+                    counts["samples"] += 1
+                    counts["sample_tokens"] += len(s[0])
+                    counts["trained_tokens"] += sum(s[1])
+                    yield s
 
         shards.write_store(out, "sft", docs(), shards.token_dtype(tokenizer.vocab_size))
         if counts["samples"] == 0:

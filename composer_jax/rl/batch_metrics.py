@@ -29,6 +29,41 @@ def resolved_of(rollout: Rollout) -> float:
 
 BEHAVIOUR_TERMS = ("valid_calls", "invalid_calls", "length", "communication", "effort",
                    "outside_edits", "false_claim")
+OUTCOMES = ("resolved", "finish_no_edit", "finish_wrong_edit", "no_finish_edited",
+            "no_finish_no_edit", "error")
+
+
+def outcome_class(rollout: Rollout) -> str | None:
+    """What a coding episode (info with `changed_files`) came to, one of OUTCOMES: resolved;
+    finished with no file changed (a claim with nothing done); finished after an edit that did not
+    resolve; stopped without `finish` (turn or context limit) with or without an edit; error.
+    None for episodes of families that edit no files."""
+    if rollout.error is not None:
+        return "error"
+    if "changed_files" not in rollout.info:
+        return None
+    if resolved_of(rollout):
+        return "resolved"
+    edited = "edited" if rollout.info["changed_files"] else "no_edit"
+    if rollout.info.get("stop_reason") == "finish":
+        return "finish_wrong_edit" if edited == "edited" else "finish_no_edit"
+    return f"no_finish_{edited}"
+
+
+def is_tampered(rollout: Rollout) -> bool:
+    """The grader flagged the episode as tampering (its reward carries the tampering term)."""
+    return bool(rollout.reward.get("tampering", 0.0))
+
+
+def outcome_metrics(rollouts: list[Rollout], prefix: str = "") -> dict:
+    """`<prefix>outcome_<class>` counts (coding episodes; {} for other families) and
+    `<prefix>tampered` (episodes the grader flagged)."""
+    classes = [c for c in map(outcome_class, rollouts) if c is not None]
+    if not classes:
+        return {}
+    out = {f"{prefix}outcome_{c}": float(classes.count(c)) for c in OUTCOMES}
+    out[f"{prefix}tampered"] = float(sum(map(is_tampered, rollouts)))
+    return out
 
 
 def behaviour_metrics(rollouts: list[Rollout]) -> dict:
@@ -49,6 +84,8 @@ def behaviour_metrics(rollouts: list[Rollout]) -> dict:
     if calls.sum() > 0:
         out["valid_call_rate"] = float((calls - invalid).clip(min=0).sum() / calls.sum())
     out.update(level_metrics(eps))
+    if any("changed_files" in r.info for r in eps):
+        out["tampered"] = float(sum(map(is_tampered, eps)))
     for term in BEHAVIOUR_TERMS:
         vals = [r.reward[term] for r in eps if term in r.reward]
         if vals:

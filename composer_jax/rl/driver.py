@@ -272,6 +272,8 @@ class RLRun:
         self.evaluator = EvaluatorService(self.eval_tasks if self.ckpt_eval is None else [],
                                           settings.eval_every, self.metrics,
                                           getattr(program, "eval_name", "heldout_parity"))
+        self.eval_pin: int | None = None    # the version the engine is held at for held-out episodes
+        self.eval_floor = st.version - 1 if st.restored else -1    # versions <= it are not due
         self._evaluate_checkpoint(st.version, self.trainer.state)   # the starting policy
         if st.restored:
             resubmit_lost_baseline(self)            # killed during version 0's evaluation
@@ -331,12 +333,36 @@ class RLRun:
             self.admission.advance(v)
         if p.dropped_groups > self.admission.released:
             self.admission.release_to(p.dropped_groups)
-        ev, last = self.evaluator, v == self.settings.steps
-        if ev.due(v) or (last and ev.tasks and v not in ev.scheduled):
-            self.pending.extendleft(reversed(ev.jobs(v, self.settings.seed + 7919 * v)))
+        self._follow_evaluation()
+
+    def _follow_evaluation(self) -> None:
+        """Held-out episodes of the free-running schedule sample with exactly the version they are
+        logged under: when the engine serves a version that is due (it passed a multiple of
+        eval_every, or it is the last), the engine is pinned there until that version's held-out
+        episodes are all in (a worker that dies re-runs its episode at the same version), then
+        released to the newest. Training episodes meanwhile sample with the pinned version."""
+        ev = self.evaluator
+        if self.eval_pin is not None:
+            if not ev.busy():
+                self.inference.pin(None)
+                self.eval_pin = None
+            return
+        served = self.inference.version()
+        if not ev.tasks or served <= self.eval_floor or served in ev.scheduled:
+            return
+        every = self.settings.eval_every
+        passed = every > 0 and served // every > self.eval_floor // every if self.eval_floor >= 0 \
+            else every > 0
+        if passed or served == self.settings.steps:
+            self.inference.pin(served)
+            self.eval_pin, self.eval_floor = served, served
+            self.pending.extendleft(reversed(ev.jobs(served, self.settings.seed + 7919 * served)))
 
     def evaluating(self) -> bool:
-        return (self.evaluator.busy() or any(j.kind == EVAL for j in self.pending)
+        ev = self.evaluator
+        final_due = (self.repro is None and bool(ev.tasks) and self.trainer.progress.done
+                     and self.settings.steps not in ev.scheduled)
+        return (final_due or ev.busy() or any(j.kind == EVAL for j in self.pending)
                 or (self.ckpt_eval is not None and self.ckpt_eval.busy())
                 or (self.repro is not None and self.repro.evaluating()))
 

@@ -12,7 +12,8 @@ from typing import Callable
 import numpy as np
 
 from composer_jax.agent.rollout import Rollout
-from composer_jax.rl.batch_metrics import level_metrics, resolved_of, standard_error
+from composer_jax.rl.batch_metrics import (behaviour_metrics, level_metrics, outcome_metrics,
+                                           resolved_of, standard_error)
 from composer_jax.rl.jobs import EVAL, Job
 
 
@@ -60,13 +61,31 @@ class EvaluatorService:
                    f"{self.name}_error_rate": float(np.mean([r.error is not None for r in rs])),
                    f"{self.name}_num_tasks": float(len(rs)),
                    "eval_resolved_rate": rate, "eval_resolved_se": standard_error(res),
-                   "eval_source": self.SOURCE, **level_metrics(rs, "eval_")}
+                   "eval_source": self.SOURCE, **_sampled_versions(rs), **level_metrics(rs, "eval_"),
+                   **outcome_metrics(rs, "eval_"), **_behaviour(rs)}
             self.results[job.eval_version] = row
             del self._pending[job.eval_version]
             self._log_metrics(job.eval_version, row)
 
     def busy(self) -> bool:
         return bool(self._pending)
+
+
+def _behaviour(rollouts: list[Rollout]) -> dict:
+    """The held-out episodes' behaviour (`behaviour_metrics`: valid-call rate, turns, tokens) as
+    `eval_<name>`; the reward terms' means are left to the training rows."""
+    return {f"eval_{k}": v for k, v in behaviour_metrics(rollouts).items()
+            if not k.startswith("reward_") and k != "tampered"}
+
+
+def _sampled_versions(rollouts) -> dict:
+    """The oldest and newest policy versions the held-out episodes sampled tokens with
+    (`eval_sampled_version_min/max`; none when no episode sampled a token): the driver pins the
+    engine so both equal the version the row is logged under."""
+    vs = [int(v) for r in rollouts for s in r.segments for v, t in zip(s.versions, s.trainable)
+          if t]
+    return ({"eval_sampled_version_min": float(min(vs)), "eval_sampled_version_max": float(max(vs))}
+            if vs else {})
 
 
 class CheckpointEvaluator:

@@ -110,6 +110,26 @@ def test_unresolved_or_unfinished_episodes_are_skipped(small_data):
         assert sft_env.episode_sample(tok, bad, TOOL_SPECS) is None
 
 
+def test_hasty_demonstration_runs_once_then_finishes_without_an_edit(small_data):
+    _, _, tok = small_data
+    careful = _transcript()
+    hasty = sft_env.hasty_messages(careful)
+    assert hasty[:4] == careful[:4] and len(hasty) == 5          # the first call and its result kept
+    (call,) = hasty[-1]["tool_calls"]
+    assert call["name"] == "finish" and call["call_id"] == protocol.call_id("finish", 1)
+    assert call["arguments"] == sft_env.HASTY_FINISH and call["error"] is None
+    ids, trainable = chat.encode_messages(tok, hasty, TOOL_SPECS)
+    runs = [tok.decode(r) for r in _trained_runs(ids, trainable)]
+    assert runs == _assistant_bodies(hasty) and "finish" in runs[-1] and "search_replace" in runs[0]
+    assert sft_env.hasty_messages(careful[:3]) is None          # no tool result yet: no variant
+    # the share of tasks picked follows the fraction, deterministically by task id
+    picked = [sft_env.is_hasty(f"level1-task-{i}", 0.3) for i in range(2000)]
+    assert 0.27 < sum(picked) / 2000 < 0.33
+    assert picked == [sft_env.is_hasty(f"level1-task-{i}", 0.3) for i in range(2000)]
+    assert not any(sft_env.is_hasty(f"level1-task-{i}", 0.0) for i in range(200))
+    assert all(sft_env.is_hasty(f"level1-task-{i}", 1.0) for i in range(200))
+
+
 # --- a tiny task pool: one fixable training task, one whose "reference" does not fix the bug, one
 # evaluation task (never used for training) ---
 

@@ -14,6 +14,7 @@ from composer_jax.config import Config, RLConfig
 from composer_jax.config.rl import CodingTaskConfig
 from composer_jax.data.chat import encode_messages, encode_prompt
 from composer_jax.data.config import SplitPattern
+from composer_jax.data.sft_env import hasty_messages
 from composer_jax.data.tokenizer import train_tokenizer
 from composer_jax.env import protocol as p
 from composer_jax.env.config import EnvConfig
@@ -72,7 +73,7 @@ def _tokenizer(pool: TaskPool):
     return train_tokenizer(texts, 1024, SplitPattern.KIMI)
 
 
-def _episode_row(tok, pool: TaskPool, task: Task) -> list[int]:
+def _episode_row(tok, pool: TaskPool, task: Task, hasty: bool = False) -> list[int]:
     """An SFT row of the scripted ladder episode of `task`: statement, every planned call, and as
     tool results a traceback naming the module and the module's whole text (a read of it)."""
     d = pool.task_dir(task.task_id)
@@ -86,6 +87,8 @@ def _episode_row(tok, pool: TaskPool, task: Task) -> list[int]:
         result = (f'  File "/workspace/{task.edit_files[0]}", line 3, in f\nNameError'
                   if k == 0 else module if k == 1 else "ok")
         messages.append({"role": "tool", "tool_call_id": f"functions.x:{k}", "content": result})
+    if hasty:                                   # data.sft_hasty's variant of the same episode
+        messages = hasty_messages(messages)
     return encode_messages(tok, messages, TOOL_SPECS)[0]
 
 
@@ -125,7 +128,7 @@ def test_heldout_modules_never_in_training_rows_on_token_ids(tmp_path):
     assert set(sigs) == HELD and all(len(s) >= 3 for s in sigs.values())
     by_id = {t.task_id: t for t in pool.tasks()}
     train = [by_id[i] for i in fam.make_tasks("train")]
-    rows = [_episode_row(tok, pool, t) for t in train]                       # SFT rows
+    rows = [_episode_row(tok, pool, t, hasty) for t in train for hasty in (False, True)]  # SFT rows
     rows += [encode_prompt(tok, [{"role": "system", "content": p.SYSTEM_PROMPT},
                                  {"role": "user", "content": t.problem_statement}], TOOL_SPECS)
              for t in train]                                                  # RL prompts
@@ -134,3 +137,58 @@ def test_heldout_modules_never_in_training_rows_on_token_ids(tmp_path):
     held_rows = [_episode_row(tok, pool, by_id[i]) for i in fam.make_tasks("eval")]
     found = {m for _, m, _ in find_leaks(held_rows, sigs)}
     assert found == set(sigs)
+
+
+def test_ladder_plan_reruns_step_ones_test_in_a_short_turn(tmp_path):
+    pool = _pool(tmp_path)
+    tok = _tokenizer(pool)
+    for task in pool.tasks():
+        plan = ladder_plan(task, pool.task_dir(task.task_id))
+        names = [n for n, _ in plan]
+        assert names[:2] == ["run_terminal_cmd", "read_file"] and names[-2:] == ["run_terminal_cmd",
+                                                                                  "finish"]
+        first, rerun = plan[0][1]["command"], plan[-2][1]["command"]
+        assert first.split(" 2>&1")[0] == rerun.split(" 2>&1")[0] == \
+            f"python -m unittest {task.fail_to_pass[0]}"
+        text = p.render_assistant("", [plan[-2]], first_index=len(plan) - 2)
+        assert len(tok.encode(text)) < 120
+
+
+def test_prompt_tools_shorten_the_prompt_and_follow_the_policys_sft(tmp_path):
+    from composer_jax.env.tools import TOOL_NAMES, declared_specs
+    from composer_jax.rl.tasks.coding import with_policy_prompt_tools
+    four = ("read_file", "search_replace", "run_terminal_cmd", "finish")
+    assert declared_specs() == tuple(TOOL_SPECS)
+    assert [s["name"] for s in declared_specs(four[::-1])] == list(four[:1]) + ["search_replace",
+                                                                                "run_terminal_cmd", "finish"]
+    assert set(TOOL_NAMES) > set(four)
+    with pytest.raises(ValueError):
+        declared_specs(("read_file", "teleport"))
+    pool = _pool(tmp_path)
+    tok = _tokenizer(pool)
+    system = [{"role": "system", "content": p.SYSTEM_PROMPT}]
+    full, short = (len(encode_prompt(tok, system, tools)) for tools in (TOOL_SPECS, declared_specs(four)))
+    assert short < 0.65 * full
+    run = tmp_path / "sft"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"data": {"sft_prompt_tools": list(four)}}))
+    cfg = Config()
+    assert with_policy_prompt_tools(cfg, run).env.prompt_tools == four
+    assert with_policy_prompt_tools(cfg, tmp_path).env == cfg.env        # no run config: unchanged
+    other = dataclasses.replace(cfg, env=EnvConfig(prompt_tools=("finish",)))
+    with pytest.raises(ConfigError):
+        with_policy_prompt_tools(other, run)
+
+
+def test_ladder_runs_get_the_ladder_defaults_and_keep_what_the_user_set():
+    from composer_jax import registry
+    from experiments.rl import _coding_config, _coding_ladder_config, with_task_defaults
+    cfg = registry.get("rl_async").make_config()
+    task = CodingTaskConfig(levels=(1,), init_from="runs/sft")
+    user = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=task, steps=12))
+    c = with_task_defaults(user, _coding_ladder_config)
+    assert c.rl.eval_greedy is False and c.env.max_turns == 6 and c.rl.max_new_tokens == 160
+    assert (c.rl.task.levels, c.rl.task.init_from, c.rl.task.num_eval_tasks) == ((1,), "runs/sft", 64)
+    assert c.rl.steps == 12 and c.rl.job.eval_every == 20 and c.rl.weight_sync.dtype == ""
+    assert c.train.lr == 3e-4 and c.env.max_turns > len(["run", "read", "edit", "rerun", "finish"])
+    assert _coding_config(2).rl.eval_greedy and _coding_config(2).env.max_turns == 4   # older family

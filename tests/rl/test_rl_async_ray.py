@@ -50,6 +50,10 @@ def test_ray_backend_end_to_end(tmp_path):
     assert s["version"] == 6 and s["rollouts_trained"] == 24
     assert s["worker_restarts"] >= 1
     assert s["inference"]["weight_swaps"] >= 2         # versions arrived through Ray's object store
+    for version, row in s["eval"].items():   # each held-out row sampled with exactly its version,
+        # also when the killed worker was running a held-out episode (it reruns at that version)
+        assert row["eval_sampled_version_min"] == row["eval_sampled_version_max"] == int(version)
+    assert s["eval"]["0"]["eval_resolved_rate"] == 0.5      # version 0: every logit 0, arm 0
     assert s["eval"]["6"]["eval_resolved_rate"] > s["eval"]["0"]["eval_resolved_rate"]
     from composer_jax.rl.audit import audit_run
     a = audit_run(tmp_path, 2)

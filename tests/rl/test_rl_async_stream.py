@@ -95,6 +95,8 @@ def test_driver_learns_and_bounds_staleness(tmp_path, staleness):
     assert s["error_rollouts"] >= 1                           # the crash task: error rollouts
     ev = s["eval"]
     assert ev["0"]["eval_resolved_rate"] <= 0.5 and ev["12"]["eval_resolved_rate"] == 1.0
+    for version, row in ev.items():     # held-out episodes sampled with the version they are logged at
+        assert row["eval_sampled_version_min"] == row["eval_sampled_version_max"] == int(version)
     import json
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "reward_mean" in r]

@@ -7,7 +7,8 @@
   2. `read_file` a window of the module around the broken line (the line the traceback named, for
      level 2 the one the test led to);
   3. the reference fix as `search_replace` calls (`env.agents.edit_plan`);
-  4. run the failing tests again;
+  4. run the test of step 1 again (the same command but the tail: 50-70 tokens to generate; the
+     list of every failing test id, up to 20, made this turn up to 420 tokens);
   5. `finish`.
 `LadderOracleAgent` plays it with the `OracleAgent` interface (`messages -> assistant text`), so
 SFT samples (`data/sft_env.py`) and scripted RL episodes (`rl.tasks.coding_scripted`) of ladder
@@ -25,6 +26,7 @@ from composer_jax.env.tasks.task import Task, read_files
 LADDER_KINDS = ("level1", "level2")
 CONTEXT = 6          # lines shown before and after the broken line
 OUTPUT_LINES = 12    # the end of the failing test's output shown in step 1
+RERUN_LINES = 3      # step 4 reruns step 1's test and shows its verdict
 
 
 def first_changed_line(before: str, after: str) -> int:
@@ -49,8 +51,8 @@ def ladder_plan(task: Task, task_dir) -> list[tuple[str, dict]]:
                            "end_line": line + CONTEXT})]
     for r in task.edit_files:
         plan += [(name, {"file_path": r, **args}) for name, args in edit_plan(before[r], after[r])]
-    plan.append(("run_terminal_cmd", {"command": f"python -m unittest -q {' '.join(visible[:20])} "
-                                                 f"2>&1 | tail -3"}))
+    plan.append(("run_terminal_cmd", {"command": f"python -m unittest {visible[0]} 2>&1 | "
+                                                 f"tail -n {RERUN_LINES}"}))
     plan.append(("finish", {"message": "Fixed; the failing tests pass now."}))
     return plan
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from composer_jax.env.paths import PathError
 from composer_jax.env.tools.files import delete_file, list_dir, read_file, search_replace, write_file
 from composer_jax.env.tools.result import ToolResult, error
-from composer_jax.env.tools.schema import TOOL_NAMES, TOOL_SPECS, validate_arguments
+from composer_jax.env.tools.schema import TOOL_NAMES, TOOL_SPECS, declared_specs, validate_arguments
 from composer_jax.env.tools.search import file_search, grep_search
 from composer_jax.env.tools.semantic import codebase_search
 from composer_jax.env.tools.shell import finish, run_terminal_cmd
@@ -31,5 +31,5 @@ def dispatch(ws, name, arguments) -> ToolResult:
         return error(f"{name} failed: {type(exc).__name__}: {exc}")
 
 
-__all__ = ["TOOLS", "TOOL_NAMES", "TOOL_SPECS", "ToolResult", "dispatch", "error",
+__all__ = ["TOOLS", "TOOL_NAMES", "TOOL_SPECS", "declared_specs", "ToolResult", "dispatch", "error",
            "validate_arguments"]

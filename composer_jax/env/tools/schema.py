@@ -63,6 +63,15 @@ TOOL_SPECS: tuple[dict, ...] = (
 SPECS_BY_NAME: dict[str, dict] = {s["name"]: s for s in TOOL_SPECS}
 TOOL_NAMES: tuple[str, ...] = tuple(SPECS_BY_NAME)
 
+
+def declared_specs(names: tuple[str, ...] = ()) -> tuple[dict, ...]:
+    """The tool declarations a prompt carries (`env.prompt_tools`): those of `names` in TOOL_SPECS
+    order, every tool for (). Unknown names are a ValueError."""
+    unknown = sorted(set(names) - set(TOOL_NAMES))
+    if unknown:
+        raise ValueError(f"env.prompt_tools: unknown tools {unknown}; known: {list(TOOL_NAMES)}")
+    return tuple(s for s in TOOL_SPECS if not names or s["name"] in names)
+
 _PY_TYPES = {"string": (str,), "integer": (int,), "boolean": (bool,), "array": (list,)}
 
 

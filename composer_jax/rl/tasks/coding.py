@@ -110,7 +110,9 @@ class CodingFamily(TaskFamily):
         engine = EngineClient(policy, self.engine_settings()["max_len"], self.cfg.model.vocab_size)
         agent_cfg = AgentConfig(summary_trigger_tokens=rl.summary_trigger_tokens,
                                 max_new_tokens=rl.max_new_tokens,
-                                temperature=0.0 if greedy else rl.temperature,
+                                # held-out episodes come greedy; rl.eval_greedy=false samples
+                                # them at rl.temperature like the lookup family's evaluator
+                                temperature=0.0 if greedy and rl.eval_greedy else rl.temperature,
                                 record_messages=False,
                                 resume_replay=rl.resume_mode.value == "replay")
         agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.cfg.env,
@@ -174,8 +176,26 @@ class CodingFamily(TaskFamily):
             raise ConfigError("rl.task=coding needs an initial policy: rl.task.init_from or "
                               "train.init_from (a run's workdir); `--experiment=rl_async` builds "
                               "one with the `sft` experiment on the task pool")
+        cfg = with_policy_prompt_tools(cfg, pathlib.Path(cfg.rl.task.init_from))
         return dataclasses.replace(run_config(pathlib.Path(cfg.rl.task.init_from), cfg),
                                    seed=cfg.seed)
+
+
+def with_policy_prompt_tools(cfg, run_dir: pathlib.Path):
+    """cfg with env.prompt_tools = the tools the initial policy's SFT samples declared
+    (`data.sft_prompt_tools` of its run's config) when env.prompt_tools is unset; a ConfigError
+    when both are set and differ (the policy would see a prompt it was not trained on)."""
+    path = run_dir / "config.json"
+    trained = tuple(json.loads(path.read_text()).get("data", {}).get("sft_prompt_tools", ())
+                    if path.is_file() else ())
+    if not trained or tuple(cfg.env.prompt_tools) == trained:
+        return cfg
+    if cfg.env.prompt_tools:
+        raise ConfigError(f"env.prompt_tools={list(cfg.env.prompt_tools)} but the initial policy "
+                          f"{run_dir} was trained with the tools {list(trained)} declared")
+    print(f"rl.task=coding: env.prompt_tools={list(trained)} (the initial policy's SFT prompt)",
+          file=sys.stderr)
+    return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, prompt_tools=trained))
 
 
 def _cache(cfg) -> pathlib.Path:

@@ -1,0 +1,225 @@
+"""Level-1 coding ladder RL runs (issue 41): held-out resolved per evaluated version, pooled over seeds,
+plus the disjointness of held-out modules from every training row actually used.
+
+    python benchmarks/rl_coding_ladder.py RUN [RUN ...] [--pool POOL] [--sft SFT_RUN] [--out FILE]
+    python benchmarks/rl_coding_ladder.py --policy POLICY --config RUN [--split eval|train]
+                                          [--greedy] [--tasks N]
+
+For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir): the held-out
+evaluation rows of metrics.jsonl (`rl.evaluators.EvaluatorService`: one episode per held-out task,
+sampled at rl.temperature with rl.eval_greedy=false) with resolved +- SE over tasks, valid-call rate,
+turns, generated tokens, outcome classes (`rl.batch_metrics.outcome_class`) and episodes the grader
+flagged as tampering; the training rows' totals (episodes, tampered, valid-call rate first/last
+third) and the run's rollouts/s (rl_summary.json). Pooled over runs: the mean of the per-run first
+and last evaluations, SE = sqrt(sum SE_i^2) / n, z = (last - first) / sqrt(SE_first^2 + SE_last^2).
+
+With --policy (a run workdir, WORKDIR@V, or the SFT run): that policy's episodes on N tasks of the
+split (held-out `eval` or `train`) with RUN's config (its family, pool and engine settings) through
+the real agent, sandbox and grader (`rl.family_eval.FamilyEvaluator`'s engine), greedy or sampled at
+rl.temperature; prints resolved +- SE, valid-call rate and outcome classes.
+
+With --pool and --sft: `env.tasks.ladder_disjoint` signatures of the pool's held-out modules
+searched in every SFT sample of SFT_RUN (its cached oracle store) and in the token ids of every
+training rollout the runs logged (rollouts/); any hit is printed and makes the exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from composer_jax.rl.batch_metrics import OUTCOMES  # noqa: E402
+
+SHORT = {"resolved": "res", "finish_no_edit": "fin_noedit", "finish_wrong_edit": "fin_wrong",
+         "no_finish_edited": "nofin_edit", "no_finish_no_edit": "nofin_noedit", "error": "err"}
+
+
+def rows_of(workdir: pathlib.Path) -> list[dict]:
+    path = workdir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
+
+
+def evals_of(rows: list[dict]) -> list[dict]:
+    """The held-out evaluation rows by version (the newest row of each version)."""
+    by = {int(r["step"]): r for r in rows if "eval_resolved_se" in r}
+    return [by[k] for k in sorted(by)]
+
+
+def train_of(rows: list[dict]) -> list[dict]:
+    by = {int(r["step"]): r for r in rows if "loss" in r and "resolved_rate" in r}
+    return [by[k] for k in sorted(by)]
+
+
+def run_report(workdir: pathlib.Path) -> tuple[list[str], dict]:
+    rows = rows_of(workdir)
+    evals, train = evals_of(rows), train_of(rows)
+    summary = {}
+    if (workdir / "rl_summary.json").exists():
+        summary = json.loads((workdir / "rl_summary.json").read_text())
+    out = [f"run {workdir}"]
+    head = ["version", "tasks", "resolved", "+-SE", "valid", "turns", "gen_tok", "tampered"]
+    head += [SHORT[c] for c in OUTCOMES]
+    out.append("  " + " ".join(f"{h:>11}" for h in head))
+    for r in evals:
+        n = next((v for k, v in r.items() if k.endswith("_num_tasks")), 0)
+        vals = [int(r["step"]), int(n),
+                r["eval_resolved_rate"], r["eval_resolved_se"], r.get("eval_valid_call_rate", math.nan),
+                r.get("eval_turns_mean", math.nan), r.get("eval_generated_tokens_mean", math.nan),
+                int(r.get("eval_tampered", -1))]
+        vals += [int(r.get(f"eval_outcome_{c}", -1)) for c in OUTCOMES]
+        out.append("  " + " ".join(f"{x:>11}" if isinstance(x, int) else f"{x:>11.3f}" for x in vals))
+    info = {"evals": [{k: r.get(k) for k in ("step", "eval_resolved_rate", "eval_resolved_se")} for r in evals]}
+    if train:
+        third = max(1, len(train) // 3)
+        from composer_jax.rl.stream import RolloutLog
+        eps = sum(len(row["rollout_ids"]) for row in RolloutLog(workdir / "rollouts").consumed_rows())
+        tampered = sum(r.get("tampered", 0.0) for r in train)
+        vr = lambda rs: float(np.mean([r["valid_call_rate"] for r in rs if "valid_call_rate" in r]))  # noqa: E731
+        res = lambda rs: float(np.mean([r["resolved_rate"] for r in rs]))  # noqa: E731
+        out.append(f"  training: {len(train)} versions, episodes {eps or 'n/a'}, tampered {int(tampered)}; "
+                   f"train resolved first/last third {res(train[:third]):.3f} -> {res(train[-third:]):.3f}, "
+                   f"valid-call rate {vr(train[:third]):.3f} -> {vr(train[-third:]):.3f}, turns "
+                   f"{np.mean([r.get('turns_mean', math.nan) for r in train[:third]]):.2f} -> "
+                   f"{np.mean([r.get('turns_mean', math.nan) for r in train[-third:]]):.2f}, gen tokens "
+                   f"{np.mean([r.get('generated_tokens_mean', math.nan) for r in train[:third]]):.1f} -> "
+                   f"{np.mean([r.get('generated_tokens_mean', math.nan) for r in train[-third:]]):.1f}")
+        info.update(train_versions=len(train), train_tampered=tampered)
+    if summary:
+        tot = summary.get("totals", summary)
+        out.append(f"  wall {tot.get('elapsed_s', math.nan):.0f} s in the RL loop, rollouts/s "
+                   f"{tot.get('rollouts_per_sec', math.nan):.3f} (training episodes; held-out ones not counted)")
+        info.update(elapsed_s=tot.get("elapsed_s"), rollouts_per_sec=tot.get("rollouts_per_sec"))
+    return out, info
+
+
+def pooled(infos: list[dict]) -> tuple[str, dict]:
+    firsts = [i["evals"][0] for i in infos if len(i["evals"]) >= 2]
+    lasts = [i["evals"][-1] for i in infos if len(i["evals"]) >= 2]
+    if not firsts:
+        return "pooled: no run with two evaluations", {}
+    n = len(firsts)
+    a = float(np.mean([r["eval_resolved_rate"] for r in firsts]))
+    b = float(np.mean([r["eval_resolved_rate"] for r in lasts]))
+    sa = math.sqrt(sum(r["eval_resolved_se"] ** 2 for r in firsts)) / n
+    sb = math.sqrt(sum(r["eval_resolved_se"] ** 2 for r in lasts)) / n
+    z = (b - a) / math.hypot(sa, sb) if math.hypot(sa, sb) > 0 else math.nan
+    vs = ", ".join(f"v{r['step']}->v{s['step']}" for r, s in zip(firsts, lasts))
+    return (f"pooled over {n} run(s) ({vs}): held-out resolved {a:.3f} +- {sa:.3f} -> {b:.3f} +- {sb:.3f}, "
+            f"z = {z:.2f}"), {"runs": n, "first": a, "first_se": sa, "last": b, "last_se": sb, "z": z}
+
+
+def disjoint(pool_dir: str, sft_run: str, runs: list[pathlib.Path]) -> tuple[list[str], int]:
+    """Held-out module signatures searched in the SFT samples and the runs' training rollouts."""
+    from composer_jax.api import load_config
+    from composer_jax.data.sft_env import build_or_load_env_sft
+    from composer_jax.data.tokenizer import load_tokenizer
+    from composer_jax.env.tasks.ladder_disjoint import find_leaks, heldout_signatures
+    from composer_jax.env.tasks.pool import TaskPool
+    from composer_jax.rl.rollout import Rollout
+    from composer_jax.rl.stream import RolloutLog, group_of
+
+    sft = pathlib.Path(sft_run)
+    tok = load_tokenizer(sft / "tokenizer.json")
+    sigs = heldout_signatures(TaskPool(pathlib.Path(pool_dir)), tok.encode)
+    store = build_or_load_env_sft(load_config(sft / "config.json").data, tok)
+    sft_rows = [store.doc(i).tolist() for i in range(store.num_docs)]
+    out = [f"disjointness (env.tasks.ladder_disjoint): {sum(len(s) for s in sigs.values())} signatures of "
+           f"{len(sigs)} held-out modules ({', '.join(sorted(sigs))})"]
+    leaks = find_leaks(sft_rows, sigs)
+    out.append(f"  SFT samples of {sft}: {len(sft_rows)} rows, {sum(map(len, sft_rows))} tokens, leaks {len(leaks)}")
+    # the check can fail: the held-out tasks' own statements carry their module's file name
+    held = [tok.encode(t.problem_statement) for t in TaskPool(pathlib.Path(pool_dir)).tasks() if t.split == "eval"]
+    out.append(f"  (control: held-out tasks' own statements hit {len({m for _, m, _ in find_leaks(held, sigs)})} "
+               f"of {len(sigs)} modules)")
+    total = len(leaks)
+    for run in runs:
+        log = RolloutLog(run / "rollouts")
+        rows = []
+        for row in log.consumed_rows():
+            for rid in row["rollout_ids"]:
+                r = Rollout.load(log.record_path(group_of(rid), rid))
+                rows += [s.tokens.tolist() for s in r.segments]
+        hits = find_leaks(rows, sigs)
+        out.append(f"  RL training rollouts of {run}: {len(rows)} segments, leaks {len(hits)}")
+        total += len(hits)
+    return out, total
+
+
+def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> list[str]:
+    """Episodes of `policy` on the first `n` tasks of `split` (module docstring)."""
+    import concurrent.futures
+    import dataclasses
+
+    from composer_jax.rl.batch_metrics import behaviour_metrics, outcome_metrics, resolved_of, standard_error
+    from composer_jax.rl.family_eval import FamilyEvaluator, run_config
+    from composer_jax.rl.program import LocalClient, build_program
+    from composer_jax.rl.task_program import task_program_spec
+    from composer_jax.train.weights import load_weights
+
+    cfg = run_config(run)
+    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, eval_greedy=greedy))
+    program = build_program(task_program_spec(cfg))
+    tasks = list(program.train_tasks() if split == "train" else program.eval_tasks())[:n]
+    path, _, step = policy.partition("@")
+    weights = load_weights(str(pathlib.Path(path).resolve()) + (f"@{step}" if step else ""), cfg)
+    model = weights.model()
+    ev = FamilyEvaluator(program, cfg, engine_model=model)
+    try:
+        ev._load(model, 0)
+        client = LocalClient(ev._server)
+        with concurrent.futures.ThreadPoolExecutor(min(cfg.rl.job.num_rollout_workers, len(tasks))) as ex:
+            rs = list(ex.map(lambda it: program.run_episode(it[1], cfg.seed + it[0], client, greedy=greedy),
+                             enumerate(tasks)))
+    finally:
+        ev.close()
+    res = [resolved_of(r) for r in rs]
+    b, o = behaviour_metrics(rs), outcome_metrics(rs)
+    return [f"policy {policy} (step {weights.step}) on {len(rs)} {split} tasks, "
+            f"{'greedy' if greedy else f'sampled at T={cfg.rl.temperature}'}: resolved {np.mean(res):.3f} +- "
+            f"{standard_error(res):.3f}; valid-call rate {b.get('valid_call_rate', math.nan):.3f}, turns "
+            f"{b.get('turns_mean', math.nan):.2f}, generated tokens {b.get('generated_tokens_mean', math.nan):.1f}, "
+            f"tampered {int(o.get('tampered', 0))}",
+            "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="*")
+    ap.add_argument("--policy", default="")
+    ap.add_argument("--config", default="")
+    ap.add_argument("--split", default="eval", choices=("eval", "train"))
+    ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--tasks", type=int, default=64)
+    ap.add_argument("--pool", default="")
+    ap.add_argument("--sft", default="")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    if a.policy:
+        print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks)))
+        return 0
+    lines, infos = [], []
+    for run in a.runs:
+        text, info = run_report(pathlib.Path(run))
+        lines += text
+        infos.append(info)
+    line, pooled_info = pooled(infos)
+    lines.append(line)
+    leaks = 0
+    if a.pool and a.sft:
+        text, leaks = disjoint(a.pool, a.sft, [pathlib.Path(r) for r in a.runs])
+        lines += text
+    print("\n".join(lines))
+    if a.out:
+        pathlib.Path(a.out).write_text(json.dumps({"runs": infos, "pooled": pooled_info, "leaks": leaks}, indent=1))
+    return 1 if leaks else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
