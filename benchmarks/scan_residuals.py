@@ -15,7 +15,7 @@ import argparse
 import math
 import os
 
-from tpu_mid_buffers import SIZES
+from tpu_mid_buffers import SIZES, sbs_config
 
 
 def main() -> None:
@@ -29,28 +29,11 @@ def main() -> None:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jax
     jax.config.update("jax_platforms", "cpu")
-    from composer_jax.config import Config, ExecutionConfig, ModelConfig, TrainConfig
-    from composer_jax.config.mesh import MeshConfig
-    from composer_jax.data.config import DataConfig
     from composer_jax.parallel.aot import compiling_for
     from composer_jax.parallel.mesh import make_mesh
     from composer_jax.train.plan import plan_devices, sharded_step
     s = SIZES[a.size]
-    model = ModelConfig(
-        name=f"sbs_{a.size}_v{a.vocab}", vocab_size=a.vocab, hidden_size=s["emb"],
-        num_layers=s["layers"], first_k_dense=s["dense"], dense_intermediate_size=s["mlp"],
-        moe_intermediate_size=s["moe_mlp"], num_routed_experts=s["experts"],
-        num_shared_experts=s["shared"], num_experts_per_tok=s["topk"], num_heads=s["heads"],
-        q_lora_rank=s["q_lora"], kv_lora_rank=s["kv_lora"], qk_nope_head_dim=s["nope"],
-        qk_rope_head_dim=s["rope"], v_head_dim=s["v"], mtp_depth=0,
-        max_position_embeddings=max(4096, s["seq"]))
-    cfg = Config(model=model,
-                 execution=ExecutionConfig(param_dtype="float32", compute_dtype="bfloat16",
-                                           remat=a.remat),
-                 mesh=MeshConfig(compile_topology=a.topology),
-                 data=DataConfig(global_batch_size=s["per_dev_batch"] * s["chips"],
-                                 seq_len=s["seq"]),
-                 train=TrainConfig(steps=1000, warmup_steps=10))
+    cfg = sbs_config(a.size, a.vocab, a.remat, a.topology)
     devices, _ = plan_devices(cfg)
     mesh = make_mesh(cfg.mesh, devices=devices, axis_type="auto")
     step, state, batch, _ = sharded_step(cfg, mesh)

@@ -29,6 +29,30 @@ SIZES = {
 }
 
 
+def sbs_config(size: str, vocab: int, remat: str, topology: str):
+    """The side-by-side harness's config of our step (its `ours_child`: model, dtypes, FSDP over
+    the slice's chips, per-device batch x seq tokens) for `topology`."""
+    from composer_jax.config import Config, ExecutionConfig, ModelConfig, TrainConfig
+    from composer_jax.config.mesh import MeshConfig
+    from composer_jax.data.config import DataConfig
+    s = SIZES[size]
+    model = ModelConfig(
+        name=f"sbs_{size}_v{vocab}", vocab_size=vocab, hidden_size=s["emb"],
+        num_layers=s["layers"], first_k_dense=s["dense"], dense_intermediate_size=s["mlp"],
+        moe_intermediate_size=s["moe_mlp"], num_routed_experts=s["experts"],
+        num_shared_experts=s["shared"], num_experts_per_tok=s["topk"], num_heads=s["heads"],
+        q_lora_rank=s["q_lora"], kv_lora_rank=s["kv_lora"], qk_nope_head_dim=s["nope"],
+        qk_rope_head_dim=s["rope"], v_head_dim=s["v"], mtp_depth=0,
+        max_position_embeddings=max(4096, s["seq"]))
+    return Config(model=model,
+                  execution=ExecutionConfig(param_dtype="float32", compute_dtype="bfloat16",
+                                            remat=remat),
+                  mesh=MeshConfig(compile_topology=topology),
+                  data=DataConfig(global_batch_size=s["per_dev_batch"] * s["chips"],
+                                  seq_len=s["seq"]),
+                  train=TrainConfig(steps=1000, warmup_steps=10))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--size", choices=list(SIZES), default="mid")
@@ -46,27 +70,10 @@ def main() -> None:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jax
     jax.config.update("jax_platforms", "cpu")
-    from composer_jax.config import Config, ExecutionConfig, ModelConfig, TrainConfig
-    from composer_jax.config.mesh import MeshConfig
-    from composer_jax.data.config import DataConfig
     from composer_jax.parallel.memory_report import format_rows, temporaries
     from composer_jax.train.plan import compile_plan, planning_mesh
     s = SIZES[a.size]
-    model = ModelConfig(
-        name=f"sbs_{a.size}_v{a.vocab}", vocab_size=a.vocab, hidden_size=s["emb"],
-        num_layers=s["layers"], first_k_dense=s["dense"], dense_intermediate_size=s["mlp"],
-        moe_intermediate_size=s["moe_mlp"], num_routed_experts=s["experts"],
-        num_shared_experts=s["shared"], num_experts_per_tok=s["topk"], num_heads=s["heads"],
-        q_lora_rank=s["q_lora"], kv_lora_rank=s["kv_lora"], qk_nope_head_dim=s["nope"],
-        qk_rope_head_dim=s["rope"], v_head_dim=s["v"], mtp_depth=0,
-        max_position_embeddings=max(4096, s["seq"]))
-    cfg = Config(model=model,
-                 execution=ExecutionConfig(param_dtype="float32", compute_dtype="bfloat16",
-                                           remat=a.remat),
-                 mesh=MeshConfig(compile_topology=a.topology),
-                 data=DataConfig(global_batch_size=s["per_dev_batch"] * s["chips"],
-                                 seq_len=s["seq"]),
-                 train=TrainConfig(steps=1000, warmup_steps=10))
+    cfg = sbs_config(a.size, a.vocab, a.remat, a.topology)
     mesh, target = planning_mesh(cfg)
     assert mesh.devices.size == s["chips"], (mesh.devices.size, s["chips"])
     plan = compile_plan(cfg, mesh, target, dump_dir=dump)
