@@ -351,8 +351,7 @@ class RLRun:
         if not ev.tasks or served <= self.eval_floor or served in ev.scheduled:
             return
         every = self.settings.eval_every
-        passed = every > 0 and served // every > self.eval_floor // every if self.eval_floor >= 0 \
-            else every > 0
+        passed = every > 0 and served // every > self.eval_floor // every    # floor -1: 0 is due
         if passed or served == self.settings.steps:
             self.inference.pin(served)
             self.eval_pin, self.eval_floor = served, served

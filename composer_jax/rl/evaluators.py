@@ -82,10 +82,10 @@ def _sampled_versions(rollouts) -> dict:
     """The oldest and newest policy versions the held-out episodes sampled tokens with
     (`eval_sampled_version_min/max`; none when no episode sampled a token): the driver pins the
     engine so both equal the version the row is logged under."""
-    vs = [int(v) for r in rollouts for s in r.segments for v, t in zip(s.versions, s.trainable)
-          if t]
-    return ({"eval_sampled_version_min": float(min(vs)), "eval_sampled_version_max": float(max(vs))}
-            if vs else {})
+    vs = [s.versions[s.trainable] for r in rollouts for s in r.segments]
+    vs = np.concatenate(vs) if vs else np.zeros(0, np.int32)
+    return ({"eval_sampled_version_min": float(vs.min()), "eval_sampled_version_max": float(vs.max())}
+            if vs.size else {})
 
 
 class CheckpointEvaluator:
