@@ -8,20 +8,20 @@ torch/transformers are needed ONLY to regenerate them.
 
 Environment (separate from the project's Python 3.12 environment)
 -----------------------------------------------------------------
-This script runs ONLY under a dedicated Python 3.11 venv at ``/work/venv311``
+This script runs ONLY under a dedicated Python 3.11 venv, ``.venv-goldens`` in the checkout,
 with CPU-only torch and a pinned transformers.  Create it with::
 
-    /root/.pyenv/versions/3.11.7/bin/python3.11 -m venv /work/venv311
-    /work/venv311/bin/pip install /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
-    #   (or: /work/venv311/bin/pip install torch==2.13.0 -- must resolve to the +cpu wheel, never a CUDA build)
-    /work/venv311/bin/pip install transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6
+    python3.11 -m venv .venv-goldens
+    .venv-goldens/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    #   (the CPU-only wheel torch-2.13.0+cpu, never a CUDA build)
+    .venv-goldens/bin/pip install transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6
 
 (transformers 5.25.0 is newer but does not install cleanly: it requires
 ``kernels>=0.19.1,<0.20`` which is not on the index; 5.24.0 is the newest that does.)
 
 Regenerate (from the repository root)::
 
-    /work/venv311/bin/python tests/hf_goldens/make_goldens.py
+    .venv-goldens/bin/python tests/hf_goldens/make_goldens.py
 
 This rewrites ``tests/hf_goldens/data/`` and ``tests/hf_goldens/README.md``.  The
 script refuses to run under any other torch/transformers version, so the goldens
@@ -94,11 +94,11 @@ def _check_env():
         import torch
         import transformers
     except ImportError as e:  # pragma: no cover
-        sys.exit(f"make_goldens.py must run under /work/venv311 (see docstring): {e}")
+        sys.exit(f"make_goldens.py must run under the .venv-goldens venv (see docstring): {e}")
     if torch.__version__ != PINNED_TORCH or transformers.__version__ != PINNED_TRANSFORMERS:
         sys.exit(
             f"make_goldens.py needs torch=={PINNED_TORCH} and transformers=={PINNED_TRANSFORMERS}, found "
-            f"torch=={torch.__version__} transformers=={transformers.__version__}. Use /work/venv311 (see docstring)."
+            f"torch=={torch.__version__} transformers=={transformers.__version__}. Use the .venv-goldens venv (see docstring)."
         )
 
 
