@@ -38,7 +38,8 @@ def _operands(rest: str) -> list[str]:
         if depth == 0:
             end = i
             break
-    return [n + (f"#{i}" if i else "") for n, i in re.findall(r"%([\w.\-]+)(?:#(\d+))?", rest[:end])]
+    refs = re.findall(r"%([\w.\-]+)(?:#(\d+))?", rest[:end])
+    return [n + (f"#{i}" if i else "") for n, i in refs]
 
 
 def _tuple_elements(shape: str) -> list[str]:
@@ -117,7 +118,8 @@ def _fusion_reads(called: list[str], operand_shapes: list[str]) -> tuple[list[in
     for n, s, op, ops, _ in inner:
         for i, o in enumerate(ops):
             users.setdefault(o, []).append((op, s, i))
-    root = next((r for r in inner if r[4].lstrip().startswith("ROOT")), inner[-1] if inner else None)
+    root = next((r for r in inner if r[4].lstrip().startswith("ROOT")),
+                inner[-1] if inner else None)
     dus_target = root[3][0] if root and root[2] == "dynamic-update-slice" else None
     reads = [shape_bytes(s) for s in operand_shapes]
     for pname, idx in params.items():
