@@ -23,7 +23,7 @@ from composer_jax.model import router as router_lib
 from composer_jax.quant.grouped import grouped_matmul
 from composer_jax.model.layers import (MLP, Ctx, ParamInit, RouterBias, linear, make_param,
                                       save_as, swiglu, swiglu_backward)
-from composer_jax.parallel.expert import RowCodec, dispatch_expert_parallel
+from composer_jax.parallel.expert import RowCodec, dispatch_expert_parallel, ragged_result_dtype
 from composer_jax.parallel.per_token import per_token
 from composer_jax.parallel import target
 from composer_jax.parallel.sharding import current, compute_cast
@@ -45,18 +45,6 @@ def _grouped(x, w, group_sizes, ctx: Ctx, tag: int = 0, amax_axes: tuple[str, ..
     y = grouped_matmul(x.astype(dt), compute_cast(w, dt), group_sizes,
                        preferred_element_type=ragged_result_dtype(dt))
     return y.astype(dt)
-
-
-def ragged_result_dtype(dt):
-    """The result dtype of the expert FFN's grouped matmuls: the compute dtype `dt` on
-    accelerators (the dot accumulates in float32 and rounds once to `dt`, which is what the
-    float32 result followed by `.astype(dt)` did), float32 on CPU (unchanged program).
-
-    XLA:TPU charges a ragged dot with a float32 result and a cast 1.6x the bytes of one with a bf16
-    result, and under autodiff the float32 result makes the transposes run on float32
-    cotangents and write float32 weight gradients before rounding them: 3.9x the bytes for
-    the weight gradient (libtpu 0.0.50, [32768, 2048] x [64, 2048, 1024]; issue 44)."""
-    return jnp.float32 if target.platform() == "cpu" else dt
 
 
 def expert_parallel_matmul(ctx: Ctx):

@@ -3,6 +3,7 @@
   * the MoE expert FFN's ragged dots return the compute dtype when traced for an accelerator
     (float32 accumulation inside the dot), so no float32 ragged-dot result, cotangent or weight
     gradient appears in the gradient's program; on CPU the program keeps its float32 results;
+  * so does the expert-parallel path's local matmul (`parallel.expert.ragged_grouped`);
   * remat policies put no optimization barriers inside a rolled layer scan (prevent_cse=False,
     as MaxText under scan_layers) and keep them in an unrolled one.
 """
@@ -14,7 +15,8 @@ import pytest
 
 from composer_jax.config import ExecutionConfig, Remat, tiny
 from composer_jax.model.layers import Ctx
-from composer_jax.model.moe import dispatch_ragged, ragged_result_dtype
+from composer_jax.model.moe import dispatch_ragged
+from composer_jax.parallel.expert import ragged_grouped, ragged_result_dtype
 from composer_jax.model.transformer import _remat
 from composer_jax.parallel.target import compiling_for
 
@@ -48,6 +50,20 @@ def test_ragged_dots_return_bf16_on_accelerators(remat):
     assert len(dots) == 9, dots
     assert {dt for dt, _ in dots} == {"bf16"}, dots
     assert all("bfloat16" in pet for _, pet in dots), dots
+
+
+def test_expert_parallel_local_matmul_returns_bf16_on_accelerators():
+    x, w = jnp.ones((N, D)), jnp.ones((E, D, F))
+    sizes = jnp.array([6, 6, 6, 6], jnp.int32)
+
+    def loss(x, w):
+        return jnp.sum(ragged_grouped(jnp.bfloat16)(x, w, sizes, 0, ()).astype(jnp.float32))
+    with compiling_for("tpu"):
+        text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w))
+    found = re.findall(r":(\w+)\[[\d,]*\] = ragged_dot_general", text)
+    assert len(found) == 3 and set(found) == {"bf16"}, text          # forward + 2 transposes
+    cpu = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w))
+    assert re.findall(r":(\w+)\[[\d,]*\] = ragged_dot_general", cpu)[0] == "f32"
 
 
 def test_ragged_result_dtype_cpu_keeps_float32():
