@@ -14,8 +14,8 @@ third) and the run's rollouts/s (rl_summary.json). Pooled over runs: the mean of
 and last evaluations, SE = sqrt(sum SE_i^2) / n, z = (last - first) / sqrt(SE_first^2 + SE_last^2).
 
 With --policy (a run workdir, WORKDIR@V, or the SFT run): that policy's episodes on N tasks of the
-split (held-out `eval` or `train`) with RUN's config (its family, pool and engine settings) through
-the real agent, sandbox and grader (`rl.family_eval.FamilyEvaluator`'s engine), greedy or sampled at
+split (held-out `eval` or `train`) with RUN's config (its family, pool and engine settings; the
+prompt, env.prompt_tools / env.declare_tools, is the policy's own run's) through the real agent, sandbox and grader (`rl.family_eval.FamilyEvaluator`'s engine), greedy or sampled at
 rl.temperature; prints resolved +- SE, valid-call rate and outcome classes.
 
 With --pool and --sft: `env.tasks.ladder_disjoint` signatures of the pool's held-out modules
@@ -152,6 +152,16 @@ def disjoint(pool_dir: str, sft_run: str, runs: list[pathlib.Path]) -> tuple[lis
     return out, total
 
 
+def policy_prompt(env, policy_dir: pathlib.Path):
+    """`env` with the prompt the policy's run used (its config's env.prompt_tools and
+    env.declare_tools: an SFT run's samples, an RL run's adopted prompt)."""
+    import dataclasses
+
+    from composer_jax.api import load_config
+    own = load_config(policy_dir / "config.json").env
+    return dataclasses.replace(env, prompt_tools=own.prompt_tools, declare_tools=own.declare_tools)
+
+
 def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> list[str]:
     """Episodes of `policy` on the first `n` tasks of `split` (module docstring)."""
     import concurrent.futures
@@ -164,10 +174,11 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> 
     from composer_jax.train.weights import load_weights
 
     cfg = run_config(run)
-    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, eval_greedy=greedy))
+    path, _, step = policy.partition("@")
+    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, eval_greedy=greedy),
+                              env=policy_prompt(cfg.env, pathlib.Path(path)))
     program = build_program(task_program_spec(cfg))
     tasks = list(program.train_tasks() if split == "train" else program.eval_tasks())[:n]
-    path, _, step = policy.partition("@")
     weights = load_weights(str(pathlib.Path(path).resolve()) + (f"@{step}" if step else ""), cfg)
     model = weights.model()
     ev = FamilyEvaluator(program, cfg, engine_model=model)
