@@ -3,7 +3,7 @@ plus the disjointness of held-out modules from every training row actually used.
 
     python benchmarks/rl_coding_ladder.py RUN [RUN ...] [--pool POOL] [--sft SFT_RUN] [--out FILE]
     python benchmarks/rl_coding_ladder.py --policy POLICY --config RUN [--split eval|train]
-                                          [--greedy] [--tasks N]
+                                          [--greedy] [--tasks N] [--show K]
 
 For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir): the held-out
 evaluation rows of metrics.jsonl (`rl.evaluators.EvaluatorService`: one episode per held-out task,
@@ -162,12 +162,14 @@ def policy_prompt(env, policy_dir: pathlib.Path):
     return dataclasses.replace(env, prompt_tools=own.prompt_tools, declare_tools=own.declare_tools)
 
 
-def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> list[str]:
-    """Episodes of `policy` on the first `n` tasks of `split` (module docstring)."""
+def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, show: int = 0) -> list[str]:
+    """Episodes of `policy` on the first `n` tasks of `split` (module docstring); `show`: the
+    decoded transcripts of the first `show` episodes too."""
     import concurrent.futures
     import dataclasses
 
-    from composer_jax.rl.batch_metrics import behaviour_metrics, outcome_metrics, resolved_of, standard_error
+    from composer_jax.rl.batch_metrics import (behaviour_metrics, outcome_class, outcome_metrics, resolved_of,
+                                              standard_error)
     from composer_jax.rl.family_eval import FamilyEvaluator, run_config
     from composer_jax.rl.program import LocalClient, build_program
     from composer_jax.rl.task_program import task_program_spec
@@ -190,6 +192,14 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> 
                              enumerate(tasks)))
     finally:
         ev.close()
+    shown = []
+    if show:
+        from composer_jax.data.tokenizer import load_tokenizer
+        tok = load_tokenizer(pathlib.Path(path) / "tokenizer.json")
+        for r in rs[:show]:
+            shown.append(f"--- {r.task_id}: outcome {outcome_class(r)}, resolved "
+                         f"{resolved_of(r)}")
+            shown += [tok.decode(seg.tokens.tolist()) for seg in r.segments]
     res = [resolved_of(r) for r in rs]
     b, o = behaviour_metrics(rs), outcome_metrics(rs)
     return [f"policy {policy} (step {weights.step}) on {len(rs)} {split} tasks, "
@@ -197,7 +207,7 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> 
             f"{standard_error(res):.3f}; valid-call rate {b.get('valid_call_rate', math.nan):.3f}, turns "
             f"{b.get('turns_mean', math.nan):.2f}, generated tokens {b.get('generated_tokens_mean', math.nan):.1f}, "
             f"tampered {int(o.get('tampered', 0))}",
-            "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)]
+            "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)] + shown
 
 
 def main(argv=None) -> int:
@@ -208,12 +218,13 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="eval", choices=("eval", "train"))
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--tasks", type=int, default=64)
+    ap.add_argument("--show", type=int, default=0, help="with --policy: print the first N transcripts")
     ap.add_argument("--pool", default="")
     ap.add_argument("--sft", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     if a.policy:
-        print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks)))
+        print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks, a.show)))
         return 0
     lines, infos = [], []
     for run in a.runs:
