@@ -4,6 +4,7 @@ plus the disjointness of held-out modules from every training row actually used.
     python benchmarks/rl_coding_ladder.py RUN [RUN ...] [--pool POOL] [--sft SFT_RUN] [--out FILE]
     python benchmarks/rl_coding_ladder.py --policy POLICY --config RUN [--split eval|train]
                                           [--greedy] [--tasks N] [--show K]
+    python benchmarks/rl_coding_ladder.py --policy POLICY --demos --pool POOL [--split eval|train] [--tasks N]
 
 For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir): the held-out
 evaluation rows of metrics.jsonl (`rl.evaluators.EvaluatorService`: one episode per held-out task,
@@ -17,6 +18,9 @@ With --policy (a run workdir, WORKDIR@V, or the SFT run): that policy's episodes
 split (held-out `eval` or `train`) with RUN's config (its family, pool and engine settings; the
 prompt, env.prompt_tools / env.declare_tools, is the policy's own run's) through the real agent, sandbox and grader (`rl.family_eval.FamilyEvaluator`'s engine), greedy or sampled at
 rl.temperature; prints resolved +- SE, valid-call rate and outcome classes.
+
+With --policy, --demos and --pool: `demo_scores`, the policy's teacher-forced CE and argmax accuracy
+per assistant token on the oracle demonstrations of N tasks of the split (no generation).
 
 With --pool and --sft: `env.tasks.ladder_disjoint` signatures of the pool's held-out modules
 searched in every SFT sample of SFT_RUN (its cached oracle store) and in the token ids of every
@@ -210,6 +214,53 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
             "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)] + shown
 
 
+def demo_scores(policy: str, pool_dir: str, split: str, n: int) -> list[str]:
+    """Teacher-forced scores of `policy` on the scripted oracle demonstrations of the first `n`
+    tasks of the pool's `split`, rendered with the policy's prompt: CE and argmax accuracy per
+    assistant token, and the share of demonstrations whose every assistant token is the argmax
+    (greedy decoding would reproduce them, tool results being equal)."""
+    import concurrent.futures
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from composer_jax.agent.episode import run_episode
+    from composer_jax.api import load_config
+    from composer_jax.data.sft_env import episode_sample
+    from composer_jax.data.tokenizer import load_tokenizer
+    from composer_jax.env.tasks.ladder_plan import oracle_agent
+    from composer_jax.env.tasks.pool import TaskPool
+    from composer_jax.env.tools import declared_specs
+    from composer_jax.train.weights import load_weights
+
+    run = pathlib.Path(policy)
+    cfg = load_config(run / "config.json")
+    tools = declared_specs(cfg.env.prompt_tools) if cfg.env.declare_tools else ()
+    tok = load_tokenizer(run / "tokenizer.json")
+    pool = TaskPool(pathlib.Path(pool_dir))
+    tasks = [t for t in pool.tasks() if t.split == split][:n]
+    env = dataclasses.replace(cfg.env, use_embeddings=False, pool_dir=pool_dir)
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        eps = list(ex.map(lambda t: run_episode(oracle_agent(t, pool.task_dir(t.task_id)), t,
+                                                pool.task_dir(t.task_id), env), tasks))
+    samples = [s for s in (episode_sample(tok, e, tools) for e in eps) if s is not None]
+    weights = load_weights(str(run.resolve()), cfg)
+    model = weights.model()
+    forward = jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits[0], -1))
+    nll, hit, total, exact = 0.0, 0, 0, 0
+    for ids, mask in samples:
+        lp = np.asarray(forward(jnp.asarray([ids], jnp.int32)))[:-1]
+        tgt, m = np.asarray(ids[1:]), np.asarray(mask[1:], bool)
+        nll -= float(lp[np.arange(len(tgt)), tgt][m].sum())
+        ok = (lp.argmax(-1) == tgt)[m]
+        hit, total, exact = hit + int(ok.sum()), total + int(m.sum()), exact + int(ok.all())
+    return [f"policy {policy} (step {weights.step}) on the oracle demonstrations of {len(samples)} "
+            f"{split} tasks (teacher-forced): CE {nll / total:.3f} per assistant token, argmax "
+            f"accuracy {hit / total:.3f} ({total} tokens), demonstrations reproduced exactly "
+            f"{exact}/{len(samples)}"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="*")
@@ -219,10 +270,15 @@ def main(argv=None) -> int:
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--show", type=int, default=0, help="with --policy: print the first N transcripts")
+    ap.add_argument("--demos", action="store_true",
+                    help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
     ap.add_argument("--pool", default="")
     ap.add_argument("--sft", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
+    if a.policy and a.demos:
+        print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks)))
+        return 0
     if a.policy:
         print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks, a.show)))
         return 0

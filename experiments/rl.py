@@ -129,10 +129,10 @@ def _coding_ladder_config(max_staleness: int) -> Config:
     each; its prompt declares no tools (env.declare_tools=false: the policy learnt the protocol
     from its SFT demonstrations; the RL run adopts the SFT policy's prompt), which takes an episode
     from ~1.6k tokens (4 declared tools) to ~1.0k (1.1k at most), so 6 turns of up to 160 new
-    tokens in 1536-token rows; held-out episodes (64 tasks of held-out
-    modules) are sampled at T = 1 (rl.eval_greedy=false: an SFT policy with a habit taken on some
-    episodes shows it in samples, not in its argmax) at versions 0 and 20 (an evaluation is 64
-    episodes, a version 8: on 2 shared cores the run is sized by episodes); Adam warmed up over 3
+    tokens in 1536-token rows; held-out episodes (64 tasks of held-out modules) are sampled at
+    T = 1 (rl.eval_greedy=false: an SFT policy with a habit taken on some episodes shows it in
+    samples, not in its argmax) at versions 0 and 20 (an evaluation is 64 episodes, a version 8:
+    on 2 shared cores the run is sized by episodes); Adam warmed up over 3
     versions to 3e-4, held, then decayed to 3e-5 over the second half (the lookup recipe);
     weights shipped to the engine in fp32."""
     base = _coding_config(max_staleness)
