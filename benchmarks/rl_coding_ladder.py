@@ -5,6 +5,7 @@ plus the disjointness of held-out modules from every training row actually used.
     python benchmarks/rl_coding_ladder.py --policy POLICY --config RUN [--split eval|train]
                                           [--greedy] [--tasks N] [--show K]
     python benchmarks/rl_coding_ladder.py --policy POLICY --demos --pool POOL [--split eval|train] [--tasks N]
+    python benchmarks/rl_coding_ladder.py --policy POLICY --copy_probe
 
 For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir): the held-out
 evaluation rows of metrics.jsonl (`rl.evaluators.EvaluatorService`: one episode per held-out task,
@@ -21,6 +22,9 @@ rl.temperature; prints resolved +- SE, valid-call rate and outcome classes.
 
 With --policy, --demos and --pool: `demo_scores`, the policy's teacher-forced CE and argmax accuracy
 per assistant token on the oracle demonstrations of N tasks of the split (no generation).
+
+With --policy and --copy_probe: `copy_probe`, the policy's CE on the first and second copy of repeated
+random token sequences (does it copy from its context at all).
 
 With --pool and --sft: `env.tasks.ladder_disjoint` signatures of the pool's held-out modules
 searched in every SFT sample of SFT_RUN (its cached oracle store) and in the token ids of every
@@ -261,6 +265,32 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int) -> list[str]:
             f"{exact}/{len(samples)}"]
 
 
+def copy_probe(policy: str, n: int = 16, length: int = 100, seed: int = 0) -> list[str]:
+    """Induction check of a run's weights: mean CE per token on the first and on the second copy
+    of `n` random token sequences of `length` ids, each repeated once (ids from the upper
+    vocabulary, no special tokens). A model that copies from its context has a far lower CE on
+    the second copy; ln(vocab) is chance."""
+    import jax
+    import jax.numpy as jnp
+
+    from composer_jax.api import load_config
+    from composer_jax.train.weights import load_weights
+
+    run = pathlib.Path(policy)
+    cfg = load_config(run / "config.json")
+    weights = load_weights(str(run.resolve()), cfg)
+    model = weights.model()
+    vocab = cfg.model.vocab_size
+    seqs = np.random.default_rng(seed).integers(vocab // 4, vocab, size=(n, length))
+    x = jnp.asarray(np.concatenate([seqs, seqs], 1), jnp.int32)
+    lp = np.asarray(jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits, -1))(x))
+    nll = -np.take_along_axis(lp[:, :-1], np.asarray(x)[:, 1:, None], -1)[..., 0]
+    first, second = nll[:, :length - 1].mean(), nll[:, length:].mean()
+    return [f"policy {policy} (step {weights.step}): CE per token on {n} random {length}-token sequences "
+            f"repeated once: first copy {first:.2f}, second copy {second:.2f} (chance ln {vocab} = "
+            f"{math.log(vocab):.2f})"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="*")
@@ -272,10 +302,15 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=0, help="with --policy: print the first N transcripts")
     ap.add_argument("--demos", action="store_true",
                     help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
+    ap.add_argument("--copy_probe", action="store_true",
+                    help="with --policy: CE on repeated random token sequences (copying from context)")
     ap.add_argument("--pool", default="")
     ap.add_argument("--sft", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
+    if a.policy and a.copy_probe:
+        print("\n".join(copy_probe(a.policy)))
+        return 0
     if a.policy and a.demos:
         print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks)))
         return 0
