@@ -65,6 +65,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
         flags.DEFINE_string("config", None, "", flag_values=pre)
         pre(argv, known_only=True)
         argv = config_flags.without_config_file(argv)
+        overrides = config_flags.override_args(argv)
         name = pre.experiment
         exp = registry.get(name) if name not in (None, "", "list") else None
         if pre.config:
@@ -84,7 +85,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
     except ComposerError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    _PARSED.update(base=base, argv=argv, holder=holder, exp=exp, config_file=pre.config)
+    _PARSED.update(base=base, argv=argv, holder=holder, exp=exp, config_file=pre.config,
+                   overrides=overrides)
     return rest
 
 
@@ -165,6 +167,7 @@ def main(argv):
         return 2
     from composer_jax import stopping
     from composer_jax.api import describe_config, enable_compilation_cache, save_config
+    from composer_jax.config import SECTION_PRESETS
     from composer_jax.config import flags as config_flags
     from composer_jax.errors import ComposerError
     from composer_jax.rerun import check_rerun
@@ -182,7 +185,10 @@ def main(argv):
             return _list()
         cfg = config_flags.config_from_flag(_PARSED["base"], _PARSED["holder"], _PARSED["argv"])
         if exp.check is not None:
-            exp.check(cfg)
+            exp.check(cfg)              # on what the user set, before a family's defaults
+        if exp.rebase is not None and not _PARSED["config_file"]:
+            cfg = config_flags.rebased_config(cfg, _PARSED["overrides"], SECTION_PRESETS,
+                                              exp.rebase)
         if FLAGS.sweep:
             from composer_jax.sweep.run import run_sweep
             stopping.restore_default_signals()

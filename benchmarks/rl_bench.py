@@ -49,7 +49,8 @@ def run_one(name: str, staleness: int, steps: int, overrides: list[str], workdir
     exp = registry.get("rl_async_parity")
     cfg = apply_overrides(exp.make_config(), overrides + [f"rl.steps={steps}",
                                                           f"rl.max_staleness={staleness}",
-                                                          "rl.job.eval_every=0"], SECTION_PRESETS)
+                                                          "rl.job.eval_every=0"], SECTION_PRESETS,
+                          rebase=exp.rebase)
     t0 = time.time()
     summary = run_rl(task_program_spec(cfg), workdir, settings_from_config(cfg, progress=False),
                      make_store(cfg))

@@ -50,8 +50,9 @@ def coding_config(overrides: list[str]):
     from composer_jax.config import SECTION_PRESETS
     from composer_jax.overrides import apply_overrides
     from experiments.rl import prepare
-    cfg = apply_overrides(registry.get("rl_async").make_config(),
-                          ["rl.task=coding", "rl.job.eval_every=0"] + overrides, SECTION_PRESETS)
+    exp = registry.get("rl_async")
+    cfg = apply_overrides(exp.make_config(), ["rl.task=coding", "rl.job.eval_every=0"] + overrides,
+                          SECTION_PRESETS, rebase=exp.rebase)
     return prepare(cfg)
 
 

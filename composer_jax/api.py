@@ -115,7 +115,16 @@ def make_config(base: Config | str | os.PathLike | None = "tiny",
     overrides: ["train.lr=3e-4", "model=small"] or {"train.lr": 3e-4, "data.roots": ("a", "b")}.
     Raises ConfigError for an unknown key, a badly typed value or an invalid combination.
     """
-    return apply_overrides(_base_config(base), override_strings(overrides), SECTION_PRESETS)
+    return apply_overrides(_base_config(base), override_strings(overrides), SECTION_PRESETS,
+                           rebase=_experiment_rebase(base))
+
+
+def _experiment_rebase(base):
+    """The `rebase` of the experiment `base` names (launch.py applies it too), else None."""
+    if isinstance(base, str) and base not in MODEL_PRESETS:
+        exp = registry.load_all().get(base)
+        return exp.rebase if exp is not None else None
+    return None
 
 
 def describe_config(cfg: Config | None = None, defaults: Config | None = None,

@@ -14,13 +14,16 @@ import enum
 import types
 import typing
 
-from composer_jax.config.flags import NAME, leaf_keys, parse_config
+from composer_jax.config.flags import NAME, leaf_keys, parse_config, rebased_config
 
 
-def apply_overrides(cfg, overrides: list[str], presets: dict | None = None):
-    """cfg with `key=value` strings applied in order (presets, then keys), validated once."""
-    return parse_config(cfg, [f"--{NAME}.{o}" if "=" in o else f"--set={o}" for o in overrides],
-                        presets or {})
+def apply_overrides(cfg, overrides: list[str], presets: dict | None = None, rebase=None):
+    """cfg with `key=value` strings applied in order (presets, then keys), validated once;
+    `rebase` (an experiment's, `registry.Experiment.rebase`): applied again on the base it picks
+    for the parsed config (`config.flags.rebased_config`), as launch.py does."""
+    args = [f"--{NAME}.{o}" if "=" in o else f"--set={o}" for o in overrides]
+    cfg = parse_config(cfg, args, presets or {})
+    return cfg if rebase is None else rebased_config(cfg, args, presets or {}, rebase)
 
 
 @dataclasses.dataclass(frozen=True)

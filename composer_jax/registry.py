@@ -24,6 +24,10 @@ class Experiment:
     check: Callable[[object], None] | None = None   # raises ConfigError on a config it cannot run
     stoppable: bool = False    # stops cleanly on SIGTERM / SIGINT (composer_jax.stopping)
     workdir_name: Callable[[object], str] | None = None   # cfg -> the default run directory name
+    # cfg -> (base, preset keys) or None: the defaults a run of the parsed cfg starts from, the
+    # overrides then applied again on them (`config.flags.rebased_config`; an RL task family's
+    # own settings)
+    rebase: Callable[[object], tuple[object, tuple[str, ...]] | None] | None = None
 
     def default_workdir(self, cfg) -> str:
         """runs/NAME, or runs/<what workdir_name(cfg) says> (eval: named after the policy)."""
@@ -37,14 +41,18 @@ def register(name: str, description: str, make_config: Callable[[], object],
              run: Callable[[object, pathlib.Path], None],
              check: Callable[[object], None] | None = None,
              stoppable: bool = False,
-             workdir_name: Callable[[object], str] | None = None) -> Experiment:
+             workdir_name: Callable[[object], str] | None = None,
+             rebase: Callable[[object], tuple[object, tuple[str, ...]] | None] | None = None
+             ) -> Experiment:
     """Registers an experiment; a second registration under the same name is an error. `check`
     (optional) validates a resolved config for this experiment when it is parsed; `stoppable`:
     its run stops cleanly on SIGTERM / SIGINT (a training or RL loop); `workdir_name(cfg)`: the
-    default run directory's name when it depends on the config (default: the experiment's name)."""
+    default run directory's name when it depends on the config (default: the experiment's name);
+    `rebase(cfg)`: the base config the overrides are applied on again once parsed, or None (e.g.
+    `--set rl.task=coding` starts from the coding family's settings)."""
     if name in _REGISTRY:
         raise ValueError(f"experiment {name!r} is registered twice")
-    exp = Experiment(name, description, make_config, run, check, stoppable, workdir_name)
+    exp = Experiment(name, description, make_config, run, check, stoppable, workdir_name, rebase)
     _REGISTRY[name] = exp
     return exp
 

@@ -156,43 +156,30 @@ def _python_version() -> str:
     return sorted(found, key=lambda v: tuple(map(int, v.split("."))))[-1]
 
 
-def with_task_defaults(cfg: Config, make_defaults) -> Config:
-    """`rl_async --set rl.task=coding|parity` (or rl_sync): that family's settings
-    (`make_defaults(max_staleness)`, e.g. `_coding_config`), with every field the user set kept:
-    anything that differs from the default lookup experiment's config, and in the task section
-    anything that differs from the family section's own defaults (`--set rl.task=NAME` resets
-    the section to them). Merged section by section on the typed config (`_merged`). A config not
-    built from the lookup defaults (another model) is returned as is."""
-    base = _lookup_config(cfg.rl.max_staleness)
-    if cfg.model != base.model:
-        return cfg
-    if cfg.rl.task.family != base.rl.task.family:
-        base = dataclasses.replace(base, rl=dataclasses.replace(base.rl, task=type(cfg.rl.task)()))
-    return _merged(cfg, base, make_defaults(cfg.rl.max_staleness))
+def _family_defaults(cfg: Config):
+    """The experiment settings of cfg's task family (`make(max_staleness) -> Config`), or None
+    for the lookup family (the experiments' own defaults): coding (`_coding_ladder_config` when
+    rl.task.levels is set), parity."""
+    family = cfg.rl.task.family
+    if family == "coding":
+        return _coding_ladder_config if getattr(cfg.rl.task, "levels", ()) else _coding_config
+    return {"parity": _config}.get(family)
 
 
-def _merged(user, default, family):
-    """`family` with the user's value of every field where `user` differs from `default`
-    (recursing into config sections of the same type)."""
-    if user == default:
-        return family
-    if (dataclasses.is_dataclass(user) and type(user) is type(default)
-            and type(user) is type(family)):
-        return dataclasses.replace(family, **{
-            f.name: _merged(getattr(user, f.name), getattr(default, f.name),
-                            getattr(family, f.name))
-            for f in dataclasses.fields(user) if f.init})
-    return user
-
-
-def with_coding_defaults(cfg: Config) -> Config:
-    """`with_task_defaults` with the coding settings (`_coding_config`)."""
-    return with_task_defaults(cfg, _coding_config)
+def family_base(cfg: Config):
+    """`registry.Experiment.rebase` of the RL experiments: `--set rl.task=coding|parity` (with
+    `rl.task.levels=...` for the coding ladder) starts from that family's settings, the user's
+    overrides applied on them (every key the user set wins, whatever its value; the family's
+    `rl.task` section stays as the family sets it). None for the lookup family."""
+    make = _family_defaults(cfg)
+    if make is None:
+        return None
+    return make(cfg.rl.max_staleness), ("rl.task",)
 
 
 def prepare(cfg: Config) -> Config:
-    """The run's config resolved by its task family, in this order: a family with experiment
-    settings of its own (parity, coding) gets them (`with_task_defaults`); a coding run with no
+    """The run's config resolved by its task family (a family's own experiment settings were
+    applied when the overrides were parsed: `family_base`), in this order: a coding run with no
     initial policy given gets the cached `sft` run on its pool (`_with_sft_policy`); the family's
     `prepare` (coding: the pool, the initial policy and its model); `train.init_from`, the
     initial policy of every family (its run's model, or a ConfigError: `rl.initial_policy`);
@@ -201,11 +188,6 @@ def prepare(cfg: Config) -> Config:
     from composer_jax.rl.initial_policy import resolve_init_from
     from composer_jax.rl.tasks import get
     from composer_jax.rl.tasks.coding import CodingFamily
-    defaults = {"coding": _coding_config, "parity": _config}.get(cfg.rl.task.family)
-    if defaults is _coding_config and getattr(cfg.rl.task, "levels", ()):
-        defaults = _coding_ladder_config
-    if defaults is not None:
-        cfg = with_task_defaults(cfg, defaults)
     family = get(cfg.rl.task.family)
     if issubclass(family, CodingFamily) and not (cfg.rl.task.init_from or cfg.train.init_from):
         cfg = _with_sft_policy(cfg)
@@ -334,14 +316,14 @@ registry.register("rl_async", "asynchronous RL on the multi-turn tool-using look
                   "(streamed rollouts, in-flight weight updates, staleness <= rl.max_staleness=2 "
                   "at consumption, fault-tolerant; local or Ray backend)",
                   lambda: _lookup_config(2), run, check_steps(lambda: _lookup_config(2)),
-                  stoppable=True)
+                  stoppable=True, rebase=family_base)
 registry.register("rl_sync", "the rl_async job with rl.max_staleness=0 (synchronous RL baseline)",
                   lambda: _lookup_config(0), run, check_steps(lambda: _lookup_config(0)),
-                  stoppable=True)
+                  stoppable=True, rebase=family_base)
 registry.register("rl_async_parity", "rl_async on the single-turn parity family (= rl_async "
                   "--set rl.task=parity with the parity settings)", lambda: _config(2), run,
-                  check_steps(lambda: _config(2)), stoppable=True)
+                  check_steps(lambda: _config(2)), stoppable=True, rebase=family_base)
 registry.register("rl_async_coding", "rl_async on sandboxed coding tasks (= rl_async --set "
                   "rl.task=coding): SFT-initialised policy, real tools, eval-suite evaluator",
                   lambda: _coding_config(2), run, check_steps(lambda: _coding_config(2)),
-                  stoppable=True)
+                  stoppable=True, rebase=family_base)

@@ -54,6 +54,21 @@ def test_config_keys_are_flags_and_set_is_an_alias():
     assert bad.returncode == 2 and "config key rl.steps: expected an int, got 'five'" in bad.stderr
 
 
+def test_a_task_family_is_the_base_every_set_key_is_applied_on():
+    # rl.eval_greedy=false and rl.max_new_tokens=40 equal the lookup defaults, not the coding
+    # ladder's (true / 160): the user's value is kept, the rest are the ladder's
+    r = _launch("--experiment=rl_async", "--set", "rl.task=coding", "--set", "rl.task.levels=1",
+                "--set", "rl.eval_greedy=false", "--set", "rl.max_new_tokens=40", "--show_config")
+    assert r.returncode == 0, r.stderr
+    value = {k: row.split()[3] for k, row in _shown(r.stdout).items()}
+    assert (value["rl.eval_greedy"], value["rl.max_new_tokens"]) == ("False", "40")
+    assert (value["env.max_turns"], value["rl.seq_len"], value["rl.task.levels"]) == ("6", "3072",
+                                                                                     "(1,)")
+    bad = _launch("--experiment=rl_async", "--set", "rl.task=coding", "--set", "train.steps=7",
+                  "--show_config")
+    assert bad.returncode == 2 and "set rl.steps instead" in bad.stderr
+
+
 def test_every_key_has_help_from_its_field():
     missing = [k.key for k in config_keys(Config()) if not k.help]
     assert not missing, f"config keys without a comment or docstring clause: {missing}"

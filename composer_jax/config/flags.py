@@ -265,6 +265,26 @@ def parse_config(cfg, argv: list[str], presets: dict):
     return config_from_flag(cfg, holder, argv)
 
 
+def override_args(argv: list[str]) -> list[str]:
+    """The `--config.KEY[=VALUE]` arguments of argv, in order (after `alias_set_flags`)."""
+    return [arg for arg in argv if _OVERRIDE.match(arg)]
+
+
+def rebased_config(cfg, argv: list[str], presets: dict, rebase):
+    """`cfg` (parsed from argv) re-parsed on the base config `rebase(cfg)` chooses, or `cfg` when
+    it returns None. `rebase(cfg) -> (base, keys)`: the defaults a run of cfg starts from (e.g. a
+    task family's whole experiment settings) and the section keys whose preset `base` already
+    holds (not applied again, so the family's section values stay). Every other override of argv
+    is applied on `base`, so what the user set wins over the family's defaults, whatever its
+    value (also one equal to the first base's default)."""
+    chosen = rebase(cfg)
+    if chosen is None:
+        return cfg
+    base, keys = chosen
+    args = [a for a in override_args(argv) if _OVERRIDE.match(a).group(1) not in keys]
+    return parse_config(base, args, presets)
+
+
 _ARTICLE = {int: "an int", float: "a float", bool: "a bool (true/false)", str: "a str"}
 
 

@@ -98,27 +98,35 @@ REMAT_SAVED = {
 }
 
 
-def _remat(fn, policy: Remat):
-    """The scanned layer body `fn` under `policy`.
+def _remat(fn, policy: Remat, unrolled: bool = True):
+    """The scanned layer body `fn` under `policy`; unrolled: whether the scan runs unrolled.
 
     NONE keeps every activation. On a mesh it still wraps the body in `jax.checkpoint` with a
     policy that saves everything except the layer's parameters gathered for compute and their
     compute-dtype copies (`sharding.saves_all_but_gathered`): no activation and no matmul is
     recomputed, the backward gathers the layer's parameter shards again (FSDP). Without a mesh
-    it is the body as it is."""
+    it is the body as it is.
+
+    The other policies recompute under `jax.checkpoint`. In a rolled scan the loop already keeps
+    the recomputation apart from the forward, so no optimization barriers are added
+    (prevent_cse=False, as MaxText does under scan_layers): the barriers only block fusion,
+    and a stack of one layer, whose loop XLA removes, recomputes nothing its forward already
+    computed (issue 44). Unrolled (one CPU device, `unroll_layer_scans`) they are kept."""
     if policy == Remat.NONE:
         if current() is None:
             return fn
         return jax.checkpoint(
             fn, prevent_cse=False,
             policy=saves_all_but_gathered)
+    cse = bool(unrolled)
     if policy == Remat.FULL:
-        return jax.checkpoint(fn)
+        return jax.checkpoint(fn, prevent_cse=cse)
     if policy == Remat.DOTS:
-        return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable)
+        return jax.checkpoint(fn, prevent_cse=cse, policy=jax.checkpoint_policies.dots_saveable)
     if policy == Remat.DOTS_NO_BATCH:
-        return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-    return jax.checkpoint(fn, policy=jax.checkpoint_policies.save_only_these_names(
+        return jax.checkpoint(fn, prevent_cse=cse,
+                              policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    return jax.checkpoint(fn, prevent_cse=cse, policy=jax.checkpoint_policies.save_only_these_names(
         *REMAT_SAVED[policy]))
 
 
@@ -171,8 +179,8 @@ def drive_layers(blocks: Block, x, ctx: Ctx, layer_fn, xs=None, first_layer: int
             return run(ctx.quantized)
         return jax.lax.cond(layer_bf16, lambda: run(False), lambda: run(True))
 
-    return jax.lax.scan(_remat(body, remat), x, (state, xs, keys, keep_bf16),
-                        unroll=bool(unroll))
+    return jax.lax.scan(_remat(body, remat, unrolled=bool(unroll)), x,
+                        (state, xs, keys, keep_bf16), unroll=bool(unroll))
 
 
 def scan_blocks(blocks: Block, x, positions, segment_ids, ctx: Ctx, replay=None,
@@ -236,9 +244,9 @@ class MTPLayers(nnx.Module):
             x, aux = m.block(x, positions, segment_ids, c, rep, token_index)
             return x, (m.norm(x), aux)
 
-        _, (normed, aux) = jax.lax.scan(_remat(body, ctx.execution.remat), h0,
-                                        (state, future_emb, replay, keys),
-                                        unroll=unroll_layer_scans())
+        unroll = unroll_layer_scans()
+        _, (normed, aux) = jax.lax.scan(_remat(body, ctx.execution.remat, unrolled=unroll), h0,
+                                        (state, future_emb, replay, keys), unroll=unroll)
         return normed, aux
 
 

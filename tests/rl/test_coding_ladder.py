@@ -212,13 +212,24 @@ def test_declare_tools_false_leaves_the_prompt_without_tools_and_follows_the_pol
 
 def test_ladder_runs_get_the_ladder_defaults_and_keep_what_the_user_set():
     from composer_jax import registry
-    from experiments.rl import _coding_config, _coding_ladder_config, with_task_defaults
-    cfg = registry.get("rl_async").make_config()
-    task = CodingTaskConfig(levels=(1,), init_from="runs/sft")
-    user = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task=task, steps=12))
-    c = with_task_defaults(user, _coding_ladder_config)
+    from composer_jax.config import SECTION_PRESETS
+    from composer_jax.overrides import apply_overrides
+    from experiments.rl import _coding_config, _coding_ladder_config
+    exp = registry.get("rl_async")
+    c = apply_overrides(exp.make_config(), ["rl.task=coding", "rl.task.levels=1",
+                                            "rl.task.init_from=runs/sft", "rl.steps=12"],
+                        SECTION_PRESETS, rebase=exp.rebase)
     assert c.rl.eval_greedy is False and c.env.max_turns == 6 and c.rl.max_new_tokens == 160
     assert (c.rl.task.levels, c.rl.task.init_from, c.rl.task.num_eval_tasks) == ((1,), "runs/sft", 64)
     assert c.rl.steps == 12 and c.rl.job.eval_every == 20 and c.rl.weight_sync.dtype == ""
     assert c.train.lr == 3e-4 and c.env.max_turns > len(["run", "read", "edit", "rerun", "finish"])
     assert _coding_config(2).rl.eval_greedy and _coding_config(2).env.max_turns == 4   # older family
+    # every key the user set wins, also one equal to the lookup experiment's default (the defect
+    # of the merge this replaced: rl.max_new_tokens=40 and train.lr=3e-4 were taken as unset)
+    lookup = exp.make_config()
+    assert lookup.rl.max_new_tokens == 40 != _coding_ladder_config(2).rl.max_new_tokens
+    mine = apply_overrides(lookup, ["rl.task=coding", "rl.task.levels=1", "rl.max_new_tokens=40",
+                                    "rl.seq_len=2048", "rl.max_staleness=1"],
+                           SECTION_PRESETS, rebase=exp.rebase)
+    assert (mine.rl.max_new_tokens, mine.rl.seq_len, mine.rl.max_staleness) == (40, 2048, 1)
+    assert mine.env.max_turns == 6 and mine.rl.task.ladder_train == 240     # the rest: the ladder's

@@ -50,20 +50,29 @@ def test_behaviour_metrics_of_a_batch():
 
 def test_rl_async_with_tasks_coding_takes_the_coding_settings():
     from composer_jax import registry
+    from composer_jax.api import make_config
     from composer_jax.config import SECTION_PRESETS
     from composer_jax.errors import ConfigError
     from composer_jax.overrides import apply_overrides
-    from experiments.rl import _coding_config, with_coding_defaults
-    base = registry.get("rl_async").make_config()
-    cfg = apply_overrides(base, ["rl.task=coding", "rl.steps=5", "rl.group_size=2"],
-                          SECTION_PRESETS)
-    c = with_coding_defaults(cfg)
+    from experiments.rl import _coding_config
+    exp = registry.get("rl_async")
+    c = apply_overrides(exp.make_config(), ["rl.task=coding", "rl.steps=5", "rl.group_size=2"],
+                        SECTION_PRESETS, rebase=exp.rebase)
     ref = _coding_config(2)
     assert c.rl.task.family == "coding"
     assert (c.rl.steps, c.rl.group_size) == (5, 2)                          # the user's values
     assert (c.rl.seq_len, c.rl.max_new_tokens, c.model) == (ref.rl.seq_len, ref.rl.max_new_tokens,
                                                              ref.model)     # coding defaults
-    assert with_coding_defaults(c) == c
+    assert make_config("rl_async", ["rl.task=coding", "rl.steps=5", "rl.group_size=2"]) == c
+    # a value the user set wins even where it equals the lookup default (eval_greedy=False,
+    # max_turns=4 is the coding default and lookup's, num_rollout_workers 32 is lookup's)
+    assert ref.rl.eval_greedy and not exp.make_config().rl.eval_greedy
+    assert ref.rl.job.num_rollout_workers != exp.make_config().rl.job.num_rollout_workers
+    kept = apply_overrides(exp.make_config(), ["rl.task=coding", "rl.eval_greedy=false",
+                                               "rl.job.num_rollout_workers=32"],
+                           SECTION_PRESETS, rebase=exp.rebase)
+    assert not kept.rl.eval_greedy and kept.rl.job.num_rollout_workers == 32
+    assert kept.rl.seq_len == ref.rl.seq_len
     from composer_jax.rl.task_program import TaskProgram
     from composer_jax.config import to_dict
     with pytest.raises(ConfigError, match="prepare"):
