@@ -3,7 +3,9 @@ plus the disjointness of held-out modules from every training row actually used.
 
     python benchmarks/rl_coding_ladder.py RUN [RUN ...] [--pool POOL] [--sft SFT_RUN] [--out FILE]
     python benchmarks/rl_coding_ladder.py --policy POLICY --config RUN [--split eval|train]
-                                          [--greedy] [--tasks N]
+                                          [--greedy] [--tasks N] [--show K]
+    python benchmarks/rl_coding_ladder.py --policy POLICY --demos --pool POOL [--split eval|train] [--tasks N]
+    python benchmarks/rl_coding_ladder.py --policy POLICY --copy_probe
 
 For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir): the held-out
 evaluation rows of metrics.jsonl (`rl.evaluators.EvaluatorService`: one episode per held-out task,
@@ -14,9 +16,15 @@ third) and the run's rollouts/s (rl_summary.json). Pooled over runs: the mean of
 and last evaluations, SE = sqrt(sum SE_i^2) / n, z = (last - first) / sqrt(SE_first^2 + SE_last^2).
 
 With --policy (a run workdir, WORKDIR@V, or the SFT run): that policy's episodes on N tasks of the
-split (held-out `eval` or `train`) with RUN's config (its family, pool and engine settings) through
-the real agent, sandbox and grader (`rl.family_eval.FamilyEvaluator`'s engine), greedy or sampled at
+split (held-out `eval` or `train`) with RUN's config (its family, pool and engine settings; the
+prompt, env.prompt_tools / env.declare_tools, is the policy's own run's) through the real agent, sandbox and grader (`rl.family_eval.FamilyEvaluator`'s engine), greedy or sampled at
 rl.temperature; prints resolved +- SE, valid-call rate and outcome classes.
+
+With --policy, --demos and --pool: `demo_scores`, the policy's teacher-forced CE and argmax accuracy
+per assistant token on the oracle demonstrations of N tasks of the split (no generation).
+
+With --policy and --copy_probe: `copy_probe`, the policy's CE on the first and second copy of repeated
+random token sequences (does it copy from its context at all).
 
 With --pool and --sft: `env.tasks.ladder_disjoint` signatures of the pool's held-out modules
 searched in every SFT sample of SFT_RUN (its cached oracle store) and in the token ids of every
@@ -152,22 +160,35 @@ def disjoint(pool_dir: str, sft_run: str, runs: list[pathlib.Path]) -> tuple[lis
     return out, total
 
 
-def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> list[str]:
-    """Episodes of `policy` on the first `n` tasks of `split` (module docstring)."""
+def policy_prompt(env, policy_dir: pathlib.Path):
+    """`env` with the prompt the policy's run used (its config's env.prompt_tools and
+    env.declare_tools: an SFT run's samples, an RL run's adopted prompt)."""
+    import dataclasses
+
+    from composer_jax.api import load_config
+    own = load_config(policy_dir / "config.json").env
+    return dataclasses.replace(env, prompt_tools=own.prompt_tools, declare_tools=own.declare_tools)
+
+
+def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, show: int = 0) -> list[str]:
+    """Episodes of `policy` on the first `n` tasks of `split` (module docstring); `show`: the
+    decoded transcripts of the first `show` episodes too."""
     import concurrent.futures
     import dataclasses
 
-    from composer_jax.rl.batch_metrics import behaviour_metrics, outcome_metrics, resolved_of, standard_error
+    from composer_jax.rl.batch_metrics import (behaviour_metrics, outcome_class, outcome_metrics, resolved_of,
+                                              standard_error)
     from composer_jax.rl.family_eval import FamilyEvaluator, run_config
     from composer_jax.rl.program import LocalClient, build_program
     from composer_jax.rl.task_program import task_program_spec
     from composer_jax.train.weights import load_weights
 
     cfg = run_config(run)
-    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, eval_greedy=greedy))
+    path, _, step = policy.partition("@")
+    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, eval_greedy=greedy),
+                              env=policy_prompt(cfg.env, pathlib.Path(path)))
     program = build_program(task_program_spec(cfg))
     tasks = list(program.train_tasks() if split == "train" else program.eval_tasks())[:n]
-    path, _, step = policy.partition("@")
     weights = load_weights(str(pathlib.Path(path).resolve()) + (f"@{step}" if step else ""), cfg)
     model = weights.model()
     ev = FamilyEvaluator(program, cfg, engine_model=model)
@@ -179,6 +200,14 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> 
                              enumerate(tasks)))
     finally:
         ev.close()
+    shown = []
+    if show:
+        from composer_jax.data.tokenizer import load_tokenizer
+        tok = load_tokenizer(pathlib.Path(path) / "tokenizer.json")
+        for r in rs[:show]:
+            shown.append(f"--- {r.task_id}: outcome {outcome_class(r)}, resolved "
+                         f"{resolved_of(r)}")
+            shown += [tok.decode(seg.tokens.tolist()) for seg in r.segments]
     res = [resolved_of(r) for r in rs]
     b, o = behaviour_metrics(rs), outcome_metrics(rs)
     return [f"policy {policy} (step {weights.step}) on {len(rs)} {split} tasks, "
@@ -186,7 +215,80 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int) -> 
             f"{standard_error(res):.3f}; valid-call rate {b.get('valid_call_rate', math.nan):.3f}, turns "
             f"{b.get('turns_mean', math.nan):.2f}, generated tokens {b.get('generated_tokens_mean', math.nan):.1f}, "
             f"tampered {int(o.get('tampered', 0))}",
-            "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)]
+            "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)] + shown
+
+
+def demo_scores(policy: str, pool_dir: str, split: str, n: int) -> list[str]:
+    """Teacher-forced scores of `policy` on the scripted oracle demonstrations of the first `n`
+    tasks of the pool's `split`, rendered with the policy's prompt: CE and argmax accuracy per
+    assistant token, and the share of demonstrations whose every assistant token is the argmax
+    (greedy decoding would reproduce them, tool results being equal)."""
+    import concurrent.futures
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from composer_jax.agent.episode import run_episode
+    from composer_jax.api import load_config
+    from composer_jax.data.sft_env import episode_sample
+    from composer_jax.data.tokenizer import load_tokenizer
+    from composer_jax.env.tasks.ladder_plan import oracle_agent
+    from composer_jax.env.tasks.pool import TaskPool
+    from composer_jax.env.tools import declared_specs
+    from composer_jax.train.weights import load_weights
+
+    run = pathlib.Path(policy)
+    cfg = load_config(run / "config.json")
+    tools = declared_specs(cfg.env.prompt_tools) if cfg.env.declare_tools else ()
+    tok = load_tokenizer(run / "tokenizer.json")
+    pool = TaskPool(pathlib.Path(pool_dir))
+    tasks = [t for t in pool.tasks() if t.split == split][:n]
+    env = dataclasses.replace(cfg.env, use_embeddings=False, pool_dir=pool_dir)
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        eps = list(ex.map(lambda t: run_episode(oracle_agent(t, pool.task_dir(t.task_id)), t,
+                                                pool.task_dir(t.task_id), env), tasks))
+    samples = [s for s in (episode_sample(tok, e, tools) for e in eps) if s is not None]
+    weights = load_weights(str(run.resolve()), cfg)
+    model = weights.model()
+    forward = jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits[0], -1))
+    nll, hit, total, exact = 0.0, 0, 0, 0
+    for ids, mask in samples:
+        lp = np.asarray(forward(jnp.asarray([ids], jnp.int32)))[:-1]
+        tgt, m = np.asarray(ids[1:]), np.asarray(mask[1:], bool)
+        nll -= float(lp[np.arange(len(tgt)), tgt][m].sum())
+        ok = (lp.argmax(-1) == tgt)[m]
+        hit, total, exact = hit + int(ok.sum()), total + int(m.sum()), exact + int(ok.all())
+    return [f"policy {policy} (step {weights.step}) on the oracle demonstrations of {len(samples)} "
+            f"{split} tasks (teacher-forced): CE {nll / total:.3f} per assistant token, argmax "
+            f"accuracy {hit / total:.3f} ({total} tokens), demonstrations reproduced exactly "
+            f"{exact}/{len(samples)}"]
+
+
+def copy_probe(policy: str, n: int = 16, length: int = 100, seed: int = 0) -> list[str]:
+    """Induction check of a run's weights: mean CE per token on the first and on the second copy
+    of `n` random token sequences of `length` ids, each repeated once (ids from the upper
+    vocabulary, no special tokens). A model that copies from its context has a far lower CE on
+    the second copy; ln(vocab) is chance."""
+    import jax
+    import jax.numpy as jnp
+
+    from composer_jax.api import load_config
+    from composer_jax.train.weights import load_weights
+
+    run = pathlib.Path(policy)
+    cfg = load_config(run / "config.json")
+    weights = load_weights(str(run.resolve()), cfg)
+    model = weights.model()
+    vocab = cfg.model.vocab_size
+    seqs = np.random.default_rng(seed).integers(vocab // 4, vocab, size=(n, length))
+    x = jnp.asarray(np.concatenate([seqs, seqs], 1), jnp.int32)
+    lp = np.asarray(jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits, -1))(x))
+    nll = -np.take_along_axis(lp[:, :-1], np.asarray(x)[:, 1:, None], -1)[..., 0]
+    first, second = nll[:, :length - 1].mean(), nll[:, length:].mean()
+    return [f"policy {policy} (step {weights.step}): CE per token on {n} random {length}-token sequences "
+            f"repeated once: first copy {first:.2f}, second copy {second:.2f} (chance ln {vocab} = "
+            f"{math.log(vocab):.2f})"]
 
 
 def main(argv=None) -> int:
@@ -197,12 +299,23 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="eval", choices=("eval", "train"))
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--tasks", type=int, default=64)
+    ap.add_argument("--show", type=int, default=0, help="with --policy: print the first N transcripts")
+    ap.add_argument("--demos", action="store_true",
+                    help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
+    ap.add_argument("--copy_probe", action="store_true",
+                    help="with --policy: CE on repeated random token sequences (copying from context)")
     ap.add_argument("--pool", default="")
     ap.add_argument("--sft", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
+    if a.policy and a.copy_probe:
+        print("\n".join(copy_probe(a.policy)))
+        return 0
+    if a.policy and a.demos:
+        print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks)))
+        return 0
     if a.policy:
-        print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks)))
+        print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks, a.show)))
         return 0
     lines, infos = [], []
     for run in a.runs:

@@ -144,7 +144,8 @@ def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:
     from composer_jax.data.sft import resolve_source
     from composer_jax.train.loop import train
 
-    data = dataclasses.replace(cfg.data, sft_prompt_tools=tuple(cfg.env.prompt_tools))
+    data = dataclasses.replace(cfg.data, sft_prompt_tools=tuple(cfg.env.prompt_tools),
+                               sft_declare_tools=cfg.env.declare_tools)
     if data.sft_source != SftSource.DOCSTRINGS and not data.sft_pool:
         data = dataclasses.replace(data, sft_pool=str(_default_pool(cfg, workdir)))
     data, line = resolve_source(data)

@@ -126,22 +126,24 @@ def _coding_ladder_config(max_staleness: int) -> Config:
     """rl.task=coding with rl.task.levels (the difficulty ladder, issue 41): `_coding_config` sized
     for ladder episodes (benchmarks/results/rl_coding_ladder.txt). A level-1 oracle episode is 5
     calls (run the failing test, read the window, edit, rerun, finish) of 30-85 generated tokens
-    each in ~1.7k tokens with the 4 declared tools (env.prompt_tools, adopted from the SFT policy),
-    so 6 turns of up to 160 new tokens in 3072-token rows; held-out episodes (64 tasks of held-out
-    modules) are sampled at T = 1 (rl.eval_greedy=false: an SFT policy with a habit taken on some
-    episodes shows it in samples, not in its argmax) at versions 0 and 20 (an evaluation is 64
-    episodes, a version 8: on 2 shared cores the run is sized by episodes); Adam warmed up over 3
+    each; its prompt declares no tools (env.declare_tools=false: the policy learnt the protocol
+    from its SFT demonstrations; the RL run adopts the SFT policy's prompt), which takes an episode
+    from ~1.6k tokens (4 declared tools) to ~1.0k (1.1k at most), so 6 turns of up to 160 new
+    tokens in 1536-token rows; held-out episodes (64 tasks of held-out modules) are sampled at
+    T = 1 (rl.eval_greedy=false: an SFT policy with a habit taken on some episodes shows it in
+    samples, not in its argmax) at versions 0 and 20 (an evaluation is 64 episodes, a version 8:
+    on 2 shared cores the run is sized by episodes); Adam warmed up over 3
     versions to 3e-4, held, then decayed to 3e-5 over the second half (the lookup recipe);
     weights shipped to the engine in fp32."""
     base = _coding_config(max_staleness)
     rl = dataclasses.replace(
-        base.rl, steps=20, max_new_tokens=160, eval_greedy=False,
+        base.rl, steps=20, max_new_tokens=160, seq_len=1536, eval_greedy=False,
         task=CodingTaskConfig(levels=(1,), num_train_tasks=240, num_eval_tasks=64,
                               ladder_train=240, ladder_heldout=64),
         job=dataclasses.replace(base.rl.job, checkpoint_every=5, eval_every=20))
     train = dataclasses.replace(base.train, steps=rl.steps, lr=3e-4, warmup_steps=3,
                                 schedule=Schedule.WSD, decay_fraction=0.5, min_lr_ratio=0.1)
-    env = dataclasses.replace(base.env, max_turns=6)
+    env = dataclasses.replace(base.env, max_turns=6, declare_tools=False)
     return dataclasses.replace(base, rl=rl, train=train, env=env)
 
 

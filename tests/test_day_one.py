@@ -25,6 +25,7 @@ from composer_jax.rl.tasks import lookup_sft
 from composer_jax.train.checkpoint import Checkpointer
 from composer_jax.train.step import build
 from experiments import eval as eval_experiment
+from experiments.rl import _coding_ladder_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -62,8 +63,9 @@ def test_a_task_family_is_the_base_every_set_key_is_applied_on():
     assert r.returncode == 0, r.stderr
     value = {k: row.split()[3] for k, row in _shown(r.stdout).items()}
     assert (value["rl.eval_greedy"], value["rl.max_new_tokens"]) == ("False", "40")
-    assert (value["env.max_turns"], value["rl.seq_len"], value["rl.task.levels"]) == ("6", "3072",
-                                                                                     "(1,)")
+    ladder = _coding_ladder_config(2)
+    assert (value["env.max_turns"], value["rl.seq_len"], value["rl.task.levels"]) == (
+        str(ladder.env.max_turns), str(ladder.rl.seq_len), "(1,)")
     bad = _launch("--experiment=rl_async", "--set", "rl.task=coding", "--set", "train.steps=7",
                   "--show_config")
     assert bad.returncode == 2 and "set rl.steps instead" in bad.stderr

@@ -72,8 +72,9 @@ class AgentConfig:
     summary_trigger_tokens: self-summarize when context + next feed + max_new_tokens would pass
     this (0 = off; `rl.summary_trigger_tokens`); summary_max_tokens: length of a summary turn;
     max_summaries: per episode (then the episode stops with "context_full" when it no longer
-    fits); include_tool_specs: put the tool declarations in the prompt; record_messages: keep the
-    per-segment conversation text in `Rollout.info["messages"]`; request_timeout_s: longest wait
+    fits); include_tool_specs: put the tool declarations in the prompt (env.prompt_tools, none with
+    env.declare_tools=false); record_messages: keep the per-segment conversation text in
+    `Rollout.info["messages"]`; request_timeout_s: longest wait
     for one turn from the engine; resume_replay: a resumed episode replays its recorded turns
     through the engine (forced ids, bit-exact cache) instead of one prefill of the prefix."""
     max_new_tokens: int = 1024
@@ -182,7 +183,8 @@ class TokenAgent:
         self.engine, self.tokenizer, self.cfg = engine, tokenizer, cfg
         self.env_cfg = env_cfg if env_cfg is not None else EnvConfig()
         self.policy = policy
-        self.tools = declared_specs(self.env_cfg.prompt_tools) if cfg.include_tool_specs else ()
+        self.tools = (declared_specs(self.env_cfg.prompt_tools)
+                      if cfg.include_tool_specs and self.env_cfg.declare_tools else ())
         ids = {name: tokenizer.token_to_id(name) for name in
                (st.BOS, protocol.IM_END, protocol.TOOL_CALLS_BEGIN, protocol.TOOL_CALL_BEGIN,
                 st.SUMMARY_BEGIN, st.SUMMARY_END)}

@@ -104,6 +104,8 @@ class DataConfig:
     sft_hasty: float = 0.0              # ladder pools: share of tasks with an extra hasty demonstration
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)
+    sft_declare_tools: bool = True      # declare tools in the samples' prompt at all (the `sft`
+                                        # experiment sets it from env.declare_tools)
 
     def __post_init__(self) -> None:
         if isinstance(self.split_pattern, str) and not isinstance(self.split_pattern, SplitPattern):

@@ -72,6 +72,8 @@ class EnvConfig:
     use_embeddings: bool = True         # codebase_search uses the embedding model (else BM25 only)
     prompt_tools: tuple[str, ...] = ()  # tools declared in the prompt (() = all); every tool still
                                         # works when called (a shorter prompt, not fewer tools)
+    declare_tools: bool = True          # declare tools in the prompt at all (False: none; a policy
+                                        # that learnt the protocol from demonstrations needs none)
     # --- episode -------------------------------------------------------------------------------
     max_turns: int = 40                 # assistant turns per episode
     max_tokens: int = 65536             # tokens per episode
@@ -159,6 +161,8 @@ class EnvConfig:
                f"{p}max_output_bytes must be >= 256, got {self.max_output_bytes}")
         _check(isinstance(self.prompt_tools, tuple) and all(isinstance(t, str) for t in self.prompt_tools),
                f"{p}prompt_tools must be a tuple of tool names, got {self.prompt_tools!r}")
+        _check(isinstance(self.declare_tools, bool),
+               f"{p}declare_tools must be true or false, got {self.declare_tools!r}")
         for b in self.extra_ro_binds:
             _check(isinstance(b, str) and b.startswith("/"),
                    f"{p}extra_ro_binds must hold absolute paths, got {b!r}")

@@ -157,7 +157,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
     missing one is a DataError. `info.json` next to the store counts tasks, samples and skipped
     episodes."""
     manifest_bytes = json.dumps(pool_manifest(cfg.sft_pool), sort_keys=True).encode("utf-8")
-    tools = declared_specs(cfg.sft_prompt_tools)
+    tools = declared_specs(cfg.sft_prompt_tools) if cfg.sft_declare_tools else ()
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
                        "tools": tools, "template": chat.template_fingerprint(),
                        "max_samples": cfg.sft_max_samples, "v": 1,

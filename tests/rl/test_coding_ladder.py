@@ -180,6 +180,36 @@ def test_prompt_tools_shorten_the_prompt_and_follow_the_policys_sft(tmp_path):
         with_policy_prompt_tools(other, run)
 
 
+def test_declare_tools_false_leaves_the_prompt_without_tools_and_follows_the_policys_sft(tmp_path):
+    from composer_jax.agent.forced_engine import ForcedEngine
+    from composer_jax.agent.token_agent import TokenAgent
+    from composer_jax.rl.tasks.coding import with_policy_prompt_tools
+    from experiments.rl import _coding_ladder_config
+    four = ("read_file", "search_replace", "run_terminal_cmd", "finish")
+    with pytest.raises(ConfigError):
+        EnvConfig(declare_tools="no")
+    tok = _tokenizer(_pool(tmp_path))
+    agents = {d: TokenAgent(ForcedEngine(1536, 1024), tok, env_cfg=EnvConfig(prompt_tools=four, declare_tools=d))
+              for d in (True, False)}
+    assert [s["name"] for s in agents[True].tools] == list(four) and agents[False].tools == ()
+    system = [{"role": "system", "content": p.SYSTEM_PROMPT}]
+    with_four, bare = (len(encode_prompt(tok, system, agents[d].tools)) for d in (True, False))
+    assert bare < 0.5 * with_four
+    run = tmp_path / "sft"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"data": {"sft_prompt_tools": list(four),
+                                                          "sft_declare_tools": False}}))
+    ladder = _coding_ladder_config(2)
+    assert ladder.env.declare_tools is False and ladder.rl.seq_len == 1536
+    for cfg in (Config(), ladder):             # either default follows the policy's samples
+        env = with_policy_prompt_tools(cfg, run).env
+        assert (env.prompt_tools, env.declare_tools) == (four, False)
+    (run / "config.json").write_text(json.dumps({"data": {"sft_declare_tools": True}}))
+    assert with_policy_prompt_tools(ladder, run).env.declare_tools is True
+    (run / "config.json").write_text(json.dumps({"data": {}}))   # an older run: cfg's own prompt
+    assert with_policy_prompt_tools(ladder, run).env == ladder.env
+
+
 def test_ladder_runs_get_the_ladder_defaults_and_keep_what_the_user_set():
     from composer_jax import registry
     from composer_jax.config import SECTION_PRESETS

@@ -182,20 +182,24 @@ class CodingFamily(TaskFamily):
 
 
 def with_policy_prompt_tools(cfg, run_dir: pathlib.Path):
-    """cfg with env.prompt_tools = the tools the initial policy's SFT samples declared
-    (`data.sft_prompt_tools` of its run's config) when env.prompt_tools is unset; a ConfigError
-    when both are set and differ (the policy would see a prompt it was not trained on)."""
+    """cfg with the prompt the initial policy's SFT samples had (its run's config): env.prompt_tools
+    = `data.sft_prompt_tools` when env.prompt_tools is unset (a ConfigError when both are set and
+    differ: the policy would see a prompt it was not trained on), and env.declare_tools =
+    `data.sft_declare_tools` (declarations or none, as the policy was trained)."""
     path = run_dir / "config.json"
-    trained = tuple(json.loads(path.read_text()).get("data", {}).get("sft_prompt_tools", ())
-                    if path.is_file() else ())
-    if not trained or tuple(cfg.env.prompt_tools) == trained:
-        return cfg
-    if cfg.env.prompt_tools:
+    data = json.loads(path.read_text()).get("data", {}) if path.is_file() else {}
+    trained = tuple(data.get("sft_prompt_tools", ()))
+    declare = bool(data.get("sft_declare_tools", cfg.env.declare_tools))
+    if trained and cfg.env.prompt_tools and tuple(cfg.env.prompt_tools) != trained:
         raise ConfigError(f"env.prompt_tools={list(cfg.env.prompt_tools)} but the initial policy "
                           f"{run_dir} was trained with the tools {list(trained)} declared")
-    print(f"rl.task=coding: env.prompt_tools={list(trained)} (the initial policy's SFT prompt)",
-          file=sys.stderr)
-    return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, prompt_tools=trained))
+    tools = trained or tuple(cfg.env.prompt_tools)
+    if (tools, declare) == (tuple(cfg.env.prompt_tools), cfg.env.declare_tools):
+        return cfg
+    print(f"rl.task=coding: env.prompt_tools={list(tools)}, env.declare_tools={declare} (the "
+          f"initial policy's SFT prompt)", file=sys.stderr)
+    return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, prompt_tools=tools,
+                                                            declare_tools=declare))
 
 
 def _cache(cfg) -> pathlib.Path:
