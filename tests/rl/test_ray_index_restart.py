@@ -19,15 +19,18 @@ def _params(v: int) -> dict:
 
 
 def _killed(ray, transport):
-    """Kills the index actor (Ray restarts it, empty) and waits until it answers again."""
+    """Kills the index actor (Ray restarts it, empty) and waits until the restarted one answers
+    (a new generation: the old actor may still answer a call made right after the kill)."""
+    old = ray.get(transport._index.get_generation.remote(), timeout=30)
     ray.kill(transport._index, no_restart=False)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            ray.get(transport._index.get_generation.remote(), timeout=5)
-            return
+            if ray.get(transport._index.get_generation.remote(), timeout=5) != old:
+                return
         except Exception:  # noqa: BLE001 - restarting
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     raise AssertionError("the index actor did not come back")
 
 

@@ -182,8 +182,12 @@ class RayTransport(Transport):
                     return
 
     def close(self) -> None:
-        """Stops the keeper thread (the index itself ends with the job)."""
+        """Stops the keeper thread and waits for it (a refill it had begun finishes first, none
+        starts after close returns); the index itself ends with the job."""
         self._stop.set()
+        keeper = getattr(self, "_keeper", None)
+        if keeper is not None and keeper is not threading.current_thread():
+            keeper.join()
 
     def _call(self, method, *args):
         return self._ray.get(getattr(self._index, method).remote(*args))
