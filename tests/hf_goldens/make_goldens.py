@@ -529,7 +529,8 @@ def main():
             roundtrip_maxdiff_default_sdpa_grouped_mm=rt_default,
             roundtrip_unexpected_keys=info_eager.get("unexpected_keys", []),
             roundtrip_missing_keys=info_eager.get("missing_keys", []),
-            roundtrip_log=log_eager.strip(),
+            # the folder relative to the repository root, not this machine's path
+            roundtrip_log=log_eager.strip().replace(str(HERE.parents[1]) + "/", ""),
         )
         if mtp_keys:
             entry["mtp_keys"] = mtp_keys
