@@ -29,6 +29,7 @@ from composer_jax import registry
 from composer_jax.config import (Config, MeshConfig, MTPLoss, Optimizer, Remat, RopeScaling,
                                  Schedule, TrainConfig, bf16, kimi_k2_5, small, tiny)
 from composer_jax.data.config import DataConfig, SftSource
+from composer_jax.errors import ConfigError
 
 
 def _debug() -> Config:
@@ -144,8 +145,7 @@ def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:
     from composer_jax.data.sft import resolve_source
     from composer_jax.train.loop import train
 
-    data = dataclasses.replace(cfg.data, sft_prompt_tools=tuple(cfg.env.prompt_tools),
-                               sft_declare_tools=cfg.env.declare_tools)
+    data = _with_env_prompt(cfg)
     if data.sft_source != SftSource.DOCSTRINGS and not data.sft_pool:
         data = dataclasses.replace(data, sft_pool=str(_default_pool(cfg, workdir)))
     data, line = resolve_source(data)
@@ -160,6 +160,21 @@ def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:
     if result.already_finished:
         return
     print({k: round(v, 4) for k, v in result.metrics.items()})
+
+
+def _with_env_prompt(cfg: Config) -> DataConfig:
+    """cfg.data with the SFT samples' prompt taken from env.prompt_tools / env.declare_tools (the
+    settings the RL run then reads back). A data.sft_prompt_tools / data.sft_declare_tools set to
+    something else is refused: it would be replaced, not used."""
+    data, default = cfg.data, DataConfig()
+    env = {"sft_prompt_tools": tuple(cfg.env.prompt_tools),
+           "sft_declare_tools": cfg.env.declare_tools}
+    for key, value in env.items():
+        mine = getattr(data, key)
+        if mine != getattr(default, key) and mine != value:
+            raise ConfigError(f"data.{key}={mine!r}: the sft experiment sets it from "
+                              f"env.{key.removeprefix('sft_')} (now {value!r}); set that instead")
+    return dataclasses.replace(data, **env)
 
 
 def _default_pool(cfg: Config, workdir: pathlib.Path) -> pathlib.Path:

@@ -210,6 +210,20 @@ def test_declare_tools_false_leaves_the_prompt_without_tools_and_follows_the_pol
     assert with_policy_prompt_tools(ladder, run).env == ladder.env
 
 
+def test_sft_takes_the_samples_prompt_from_env_and_refuses_a_data_key_it_would_replace():
+    from composer_jax.data.config import DataConfig
+    from experiments.pretrain import _with_env_prompt
+    four = ("read_file", "search_replace", "run_terminal_cmd", "finish")
+    cfg = dataclasses.replace(Config(), env=EnvConfig(prompt_tools=four, declare_tools=False))
+    data = _with_env_prompt(cfg)
+    assert (data.sft_prompt_tools, data.sft_declare_tools) == (four, False)
+    same = dataclasses.replace(cfg, data=data)                 # a rerun from its config.json
+    assert _with_env_prompt(same) == data
+    other = dataclasses.replace(Config(), data=DataConfig(sft_declare_tools=False))
+    with pytest.raises(ConfigError, match="set that instead"):
+        _with_env_prompt(other)                                # env.declare_tools is True
+
+
 def test_ladder_runs_get_the_ladder_defaults_and_keep_what_the_user_set():
     from composer_jax import registry
     from composer_jax.config import SECTION_PRESETS

@@ -146,6 +146,7 @@ class RayTransport(Transport):
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._generation = None
+        self._keeper: threading.Thread | None = None
         if mirror:
             self._generation = self._ray.get(self._index.get_generation.remote())
             self._keeper = threading.Thread(target=self._keep, args=(keep_s,),
@@ -185,9 +186,8 @@ class RayTransport(Transport):
         """Stops the keeper thread and waits for it (a refill it had begun finishes first, none
         starts after close returns); the index itself ends with the job."""
         self._stop.set()
-        keeper = getattr(self, "_keeper", None)
-        if keeper is not None and keeper is not threading.current_thread():
-            keeper.join()
+        if self._keeper is not None:
+            self._keeper.join()
 
     def _call(self, method, *args):
         return self._ray.get(getattr(self._index, method).remote(*args))
