@@ -53,7 +53,8 @@ class DataConfig:
     auto-discover every CPython standard library and site-packages on the machine), `max_files`
     (0 = all; >0 keeps a deterministic subset, for debug configs), the filters and the dedup.
     Tokenizer: `tokenizer_path` ("" = train a byte-level BPE of `vocab_size` on the corpus).
-    Pipeline: `seq_len` T, `global_batch_size` (split evenly over hosts), `shuffle_seed`.
+    Pipeline: `seq_len` T, `global_batch_size` (split evenly over hosts), `shuffle_seed`; `copy_rows`:
+    the share of pretraining rows turned into copy rows (`data.copy_rows`, 0 = none).
     SFT: `sft_source` (SftSource) and `sft_pool` (a task pool directory written by `env_generate`,
     for ENV_ORACLE); the docstring source's filters `sft_min_docstring_chars`, `sft_max_function_lines`;
     `sft_hasty`: the fraction of a ladder pool's training tasks (chosen by a hash of the task id) that
@@ -95,6 +96,8 @@ class DataConfig:
     prefetch_buffer_size: int = 4       # batches prefetched ahead of the step
     num_workers: int = 0                # grain worker processes (0 = in-process)
     eval_max_batches: int = 0           # caps the validation batches per evaluation (0 = no cap)
+    copy_rows: float = 0.0              # fraction of pretraining rows whose second half repeats spans
+                                        # of their first half (teaches copying from context; copy_rows.py)
     # --- SFT samples (SftSource; sft_max_samples > 0: the first N docstring samples / training tasks) ---
     sft_source: SftSource = SftSource.AUTO
     sft_pool: str = ""
@@ -143,7 +146,8 @@ _INT_MINIMUMS = {
     "eval_max_batches": 0, "sft_max_samples": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
 }
 _FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),
-              "validation_fraction": (False, False), "sft_hasty": (True, False)}
+              "validation_fraction": (False, False), "sft_hasty": (True, False),
+              "copy_rows": (True, False)}
 
 
 def resolved_cache_dir(cfg: DataConfig) -> str:
