@@ -304,12 +304,14 @@ def main(argv=None) -> int:
                     help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
     ap.add_argument("--copy_probe", action="store_true",
                     help="with --policy: CE on repeated random token sequences (copying from context)")
+    ap.add_argument("--copy_length", type=int, default=100,
+                    help="with --copy_probe: tokens per random sequence (the copy distance)")
     ap.add_argument("--pool", default="")
     ap.add_argument("--sft", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     if a.policy and a.copy_probe:
-        print("\n".join(copy_probe(a.policy)))
+        print("\n".join(copy_probe(a.policy, length=a.copy_length)))
         return 0
     if a.policy and a.demos:
         print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks)))
