@@ -45,6 +45,15 @@ class SplitPattern(str, enum.Enum):
     CL100K = "cl100k"
 
 
+class CopySource(str, enum.Enum):
+    """What a copy row (`data.copy_rows`) repeats spans of: its own code (the first half of an
+    ordinary row) or uniformly random token ids (nothing to predict but the copy: the strongest
+    signal for an induction head)."""
+
+    CODE = "code"
+    RANDOM = "random"
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Settings of the data side of pretraining and SFT.
@@ -98,6 +107,7 @@ class DataConfig:
     eval_max_batches: int = 0           # caps the validation batches per evaluation (0 = no cap)
     copy_rows: float = 0.0              # fraction of pretraining rows whose second half repeats spans
                                         # of their first half (teaches copying from context; copy_rows.py)
+    copy_source: CopySource = CopySource.CODE  # what copy rows copy: code | random token ids
     # --- SFT samples (SftSource; sft_max_samples > 0: the first N docstring samples / training tasks) ---
     sft_source: SftSource = SftSource.AUTO
     sft_pool: str = ""
@@ -116,6 +126,11 @@ class DataConfig:
             if self.split_pattern not in valid:
                 raise ConfigError(f"data.split_pattern={self.split_pattern!r}: valid values are {valid}")
             object.__setattr__(self, "split_pattern", SplitPattern(self.split_pattern))
+        if not isinstance(self.copy_source, CopySource):
+            valid = [c.value for c in CopySource]
+            if self.copy_source not in valid:
+                raise ConfigError(f"data.copy_source={self.copy_source!r}: valid values are {valid}")
+            object.__setattr__(self, "copy_source", CopySource(self.copy_source))
         if not isinstance(self.sft_source, SftSource):
             valid = [s.value for s in SftSource]
             if self.sft_source not in valid:

@@ -5,7 +5,9 @@ induction head): at CPU scale, ~1M tokens of code do not teach it, and an agent 
 test id, a line number or an identifier from a tool result cannot act on code it never saw. A copy
 row keeps the first `T - T // 2` tokens of an ordinary packed row as the source and fills the rest
 with spans of the source, each `[min_span, max_span]` tokens long at a random start; the whole row
-becomes one segment (positions 0..T-1) so that every copied span can attend to its original.
+becomes one segment (positions 0..T-1) so that every copied span can attend to its original. With
+`random_ids` = (low, high) the source is instead `T - T // 2` uniformly random ids in [low, high)
+(`data.copy_source=random`): only the copy can be predicted, the strongest induction signal.
 
 Glossary: T = seq_len. Row arrays as `packing.assemble_row` returns them, each `[T]`.
 """
@@ -27,6 +29,7 @@ class CopySpans:
     seed: int
     min_span: int = 16
     max_span: int = 128
+    random_ids: tuple[int, int] | None = None   # [low, high): random sources (no special ids)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction <= 1.0:
@@ -38,6 +41,11 @@ class CopySpans:
         rng = np.random.default_rng((self.seed, 0xC0B1, index))
         if rng.random() >= self.fraction:
             return row
+        if self.random_ids is not None:
+            seq_len = len(row["tokens"])
+            source = rng.integers(*self.random_ids, seq_len - seq_len // 2).astype(row["tokens"].dtype)
+            row = {**row, "tokens": np.concatenate([source, row["tokens"][len(source):]]),
+                   "segment_ids": np.ones_like(row["segment_ids"])}
         return copy_row(row, rng, self.min_span, self.max_span)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import grain
 
-from composer_jax.data import packing, pipeline, split
-from composer_jax.data.config import DataConfig
+from composer_jax.data import packing, pipeline, special_tokens, split
+from composer_jax.data.config import CopySource, DataConfig
 from composer_jax.data.copy_rows import CopySpans
 from composer_jax.data.corpus import Corpus, build_or_load_corpus
 from composer_jax.data.errors import DataError
@@ -25,7 +25,9 @@ def make_train_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_inde
     """Infinite, reshuffled-per-epoch pretraining batches of this host's share of the global batch."""
     store = _store(cfg, tokenizer, corpus, split.TRAIN)
     layout = packing.StreamLayout(store.lengths, cfg.seq_len, cfg.shuffle_seed, shuffle=True)
-    copy = CopySpans(cfg.copy_rows, cfg.shuffle_seed) if cfg.copy_rows > 0 else None
+    random_ids = ((len(special_tokens.ALL_SPECIAL_TOKENS), tokenizer.vocab_size)
+                  if cfg.copy_source == CopySource.RANDOM else None)
+    copy = CopySpans(cfg.copy_rows, cfg.shuffle_seed, random_ids=random_ids) if cfg.copy_rows > 0 else None
     return _iterator(cfg, "cpt", store, layout, tokenizer, mtp_depth, process_index, process_count, start_state,
                      copy=copy)
 
@@ -76,5 +78,5 @@ def _iterator(cfg: DataConfig, kind: str, store: TokenStore, layout, tokenizer, 
             "global_batch_size": cfg.global_batch_size, "shuffle_seed": cfg.shuffle_seed,
             "process_index": process_index, "process_count": process_count, "num_workers": cfg.num_workers}
     if copy is not None:  # only when used, so states saved before copy rows existed still load
-        meta["copy_rows"] = copy.fraction
+        meta["copy_rows"], meta["copy_source"] = copy.fraction, cfg.copy_source.value
     return pipeline.iterate(cfg, batches, meta, start_state)

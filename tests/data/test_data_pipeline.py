@@ -183,3 +183,17 @@ def test_copy_rows_repeat_spans_of_their_own_first_half(small_data):
     _assert_same(batches[3:6], _take(again, 3))
     with pytest.raises(DataError):
         make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus, start_state=resumed.get_state())
+
+
+def test_copy_rows_from_random_ids(small_data):
+    """data.copy_source=random: every copy row's first half is random non-special ids and its
+    second half is spans of them."""
+    cfg, corpus, tok = small_data
+    cfg = dataclasses.replace(cfg, seq_len=256, copy_rows=1.0, copy_source="random")
+    T, h = cfg.seq_len, cfg.seq_len - cfg.seq_len // 2
+    batch = next(make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus))
+    for tokens in batch["tokens"]:
+        assert tokens.min() >= len(st.ALL_SPECIAL_TOKENS) and tokens.max() < tok.vocab_size
+        source = {tuple(tokens[i:i + 8]) for i in range(h - 7)}
+        assert np.mean([tuple(tokens[i:i + 8]) in source for i in range(h, T - 7)]) > 0.75
+    assert len(set(batch["tokens"][:, :h].ravel().tolist())) > 0.5 * min(tok.vocab_size, h * len(batch["tokens"]))
