@@ -25,8 +25,9 @@ def make_train_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_inde
     """Infinite, reshuffled-per-epoch pretraining batches of this host's share of the global batch."""
     store = _store(cfg, tokenizer, corpus, split.TRAIN)
     layout = packing.StreamLayout(store.lengths, cfg.seq_len, cfg.shuffle_seed, shuffle=True)
-    random_ids = ((len(special_tokens.ALL_SPECIAL_TOKENS), tokenizer.vocab_size)
-                  if cfg.copy_source == CopySource.RANDOM else None)
+    low = len(special_tokens.ALL_SPECIAL_TOKENS)
+    high = min(tokenizer.vocab_size, low + cfg.copy_random_ids) if cfg.copy_random_ids else tokenizer.vocab_size
+    random_ids = (low, high) if cfg.copy_source == CopySource.RANDOM else None
     copy = CopySpans(cfg.copy_rows, cfg.shuffle_seed, random_ids=random_ids) if cfg.copy_rows > 0 else None
     return _iterator(cfg, "cpt", store, layout, tokenizer, mtp_depth, process_index, process_count, start_state,
                      copy=copy)
@@ -78,5 +79,6 @@ def _iterator(cfg: DataConfig, kind: str, store: TokenStore, layout, tokenizer, 
             "global_batch_size": cfg.global_batch_size, "shuffle_seed": cfg.shuffle_seed,
             "process_index": process_index, "process_count": process_count, "num_workers": cfg.num_workers}
     if copy is not None:  # only when used, so states saved before copy rows existed still load
-        meta["copy_rows"], meta["copy_source"] = copy.fraction, cfg.copy_source.value
+        meta["copy_rows"], meta["copy_source"], meta["copy_ids"] = (
+            copy.fraction, cfg.copy_source.value, list(copy.random_ids or ()))
     return pipeline.iterate(cfg, batches, meta, start_state)
