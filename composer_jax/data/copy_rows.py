@@ -7,7 +7,8 @@ row keeps the first `T - T // 2` tokens of an ordinary packed row as the source 
 with spans of the source, each `[min_span, max_span]` tokens long at a random start; the whole row
 becomes one segment (positions 0..T-1) so that every copied span can attend to its original. With
 `random_ids` = (low, high) the source is instead `T - T // 2` uniformly random ids in [low, high)
-(`data.copy_source=random`): only the copy can be predicted, the strongest induction signal.
+(`data.copy_source=random`): only the copy can be predicted, so only the copy carries loss, the
+strongest induction signal.
 
 Glossary: T = seq_len. Row arrays as `packing.assemble_row` returns them, each `[T]`.
 """
@@ -46,6 +47,9 @@ class CopySpans:
             source = rng.integers(*self.random_ids, seq_len - seq_len // 2).astype(row["tokens"].dtype)
             row = {**row, "tokens": np.concatenate([source, row["tokens"][len(source):]]),
                    "segment_ids": np.ones_like(row["segment_ids"])}
+            row = copy_row(row, rng, self.min_span, self.max_span)
+            row["trainable"][:len(source)] = 0   # random ids cannot be predicted: no loss on them
+            return row
         return copy_row(row, rng, self.min_span, self.max_span)
 
 

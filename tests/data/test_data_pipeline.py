@@ -192,6 +192,7 @@ def test_copy_rows_from_random_ids(small_data):
     cfg = dataclasses.replace(cfg, seq_len=256, copy_rows=1.0, copy_source="random")
     T, h = cfg.seq_len, cfg.seq_len - cfg.seq_len // 2
     batch = next(make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus))
+    assert not batch["loss_mask"][:, :h - 1].any() and batch["loss_mask"][:, h:T - 1].all()
     for tokens in batch["tokens"]:
         assert tokens.min() >= len(st.ALL_SPECIAL_TOKENS) and tokens.max() < tok.vocab_size
         source = {tuple(tokens[i:i + 8]) for i in range(h - 7)}
