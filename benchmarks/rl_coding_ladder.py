@@ -44,6 +44,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from composer_jax.rl.batch_metrics import OUTCOMES  # noqa: E402
+from composer_jax.data.special_tokens import ALL_SPECIAL_TOKENS  # noqa: E402
 
 SHORT = {"resolved": "res", "finish_no_edit": "fin_noedit", "finish_wrong_edit": "fin_wrong",
          "no_finish_edited": "nofin_edit", "no_finish_no_edit": "nofin_noedit", "error": "err"}
@@ -265,7 +266,7 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int) -> list[str]:
             f"{exact}/{len(samples)}"]
 
 
-def copy_probe(policy: str, n: int = 16, length: int = 100, seed: int = 0) -> list[str]:
+def copy_probe(policy: str, n: int = 16, length: int = 100, seed: int = 0, ids: int = 0) -> list[str]:
     """Induction check of a run's weights: mean CE per token on the first and on the second copy
     of `n` random token sequences of `length` ids, each repeated once (ids from the upper
     vocabulary, no special tokens). A model that copies from its context has a far lower CE on
@@ -281,12 +282,14 @@ def copy_probe(policy: str, n: int = 16, length: int = 100, seed: int = 0) -> li
     weights = load_weights(str(run.resolve()), cfg)
     model = weights.model()
     vocab = cfg.model.vocab_size
-    seqs = np.random.default_rng(seed).integers(vocab // 4, vocab, size=(n, length))
+    low, high = (len(ALL_SPECIAL_TOKENS), len(ALL_SPECIAL_TOKENS) + ids) if ids else (vocab // 4, vocab)
+    seqs = np.random.default_rng(seed).integers(low, high, size=(n, length))
     x = jnp.asarray(np.concatenate([seqs, seqs], 1), jnp.int32)
     lp = np.asarray(jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits, -1))(x))
     nll = -np.take_along_axis(lp[:, :-1], np.asarray(x)[:, 1:, None], -1)[..., 0]
     first, second = nll[:, :length - 1].mean(), nll[:, length:].mean()
     return [f"policy {policy} (step {weights.step}): CE per token on {n} random {length}-token sequences "
+            f"of ids [{low}, {high}) "
             f"repeated once: first copy {first:.2f}, second copy {second:.2f} (chance ln {vocab} = "
             f"{math.log(vocab):.2f})"]
 
@@ -304,12 +307,16 @@ def main(argv=None) -> int:
                     help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
     ap.add_argument("--copy_probe", action="store_true",
                     help="with --policy: CE on repeated random token sequences (copying from context)")
+    ap.add_argument("--copy_length", type=int, default=100,
+                    help="with --copy_probe: tokens per random sequence (the copy distance)")
+    ap.add_argument("--copy_ids", type=int, default=0,
+                    help="with --copy_probe: draw from the first N non-special ids (0: the upper 3/4)")
     ap.add_argument("--pool", default="")
     ap.add_argument("--sft", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     if a.policy and a.copy_probe:
-        print("\n".join(copy_probe(a.policy)))
+        print("\n".join(copy_probe(a.policy, length=a.copy_length, ids=a.copy_ids)))
         return 0
     if a.policy and a.demos:
         print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks)))

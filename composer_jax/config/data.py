@@ -45,6 +45,15 @@ class SplitPattern(str, enum.Enum):
     CL100K = "cl100k"
 
 
+class CopySource(str, enum.Enum):
+    """What a copy row (`data.copy_rows`) repeats spans of: its own code (the first half of an
+    ordinary row) or uniformly random token ids (nothing to predict but the copy: the strongest
+    signal for an induction head)."""
+
+    CODE = "code"
+    RANDOM = "random"
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Settings of the data side of pretraining and SFT.
@@ -53,7 +62,8 @@ class DataConfig:
     auto-discover every CPython standard library and site-packages on the machine), `max_files`
     (0 = all; >0 keeps a deterministic subset, for debug configs), the filters and the dedup.
     Tokenizer: `tokenizer_path` ("" = train a byte-level BPE of `vocab_size` on the corpus).
-    Pipeline: `seq_len` T, `global_batch_size` (split evenly over hosts), `shuffle_seed`.
+    Pipeline: `seq_len` T, `global_batch_size` (split evenly over hosts), `shuffle_seed`; `copy_rows`:
+    the share of pretraining rows turned into copy rows (`data.copy_rows`, 0 = none).
     SFT: `sft_source` (SftSource) and `sft_pool` (a task pool directory written by `env_generate`,
     for ENV_ORACLE); the docstring source's filters `sft_min_docstring_chars`, `sft_max_function_lines`;
     `sft_hasty`: the fraction of a ladder pool's training tasks (chosen by a hash of the task id) that
@@ -95,6 +105,12 @@ class DataConfig:
     prefetch_buffer_size: int = 4       # batches prefetched ahead of the step
     num_workers: int = 0                # grain worker processes (0 = in-process)
     eval_max_batches: int = 0           # caps the validation batches per evaluation (0 = no cap)
+    copy_rows: float = 0.0              # fraction of pretraining rows whose second half repeats spans
+                                        # of their first half (teaches copying from context; copy_rows.py)
+    copy_source: CopySource = CopySource.CODE  # what copy rows copy: code | random token ids
+    copy_random_ids: int = 0            # copy_source=random: draw from the first N non-special ids
+                                        # (0 = all; a few hundred: each id is seen often, the copy
+                                        # circuit forms in fewer steps)
     # --- SFT samples (SftSource; sft_max_samples > 0: the first N docstring samples / training tasks) ---
     sft_source: SftSource = SftSource.AUTO
     sft_pool: str = ""
@@ -113,6 +129,11 @@ class DataConfig:
             if self.split_pattern not in valid:
                 raise ConfigError(f"data.split_pattern={self.split_pattern!r}: valid values are {valid}")
             object.__setattr__(self, "split_pattern", SplitPattern(self.split_pattern))
+        if not isinstance(self.copy_source, CopySource):
+            valid = [c.value for c in CopySource]
+            if self.copy_source not in valid:
+                raise ConfigError(f"data.copy_source={self.copy_source!r}: valid values are {valid}")
+            object.__setattr__(self, "copy_source", CopySource(self.copy_source))
         if not isinstance(self.sft_source, SftSource):
             valid = [s.value for s in SftSource]
             if self.sft_source not in valid:
@@ -140,10 +161,11 @@ _INT_MINIMUMS = {
     "max_files": 0, "min_file_bytes": 0, "max_line_length": 1, "max_mean_line_length": 1, "minhash_perms": 1,
     "minhash_bands": 1, "shingle_size": 1, "build_workers": 0, "vocab_size": 512, "tokenizer_train_bytes": 1,
     "seq_len": 2, "global_batch_size": 1, "num_threads": 0, "prefetch_buffer_size": 0, "num_workers": 0,
-    "eval_max_batches": 0, "sft_max_samples": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
+    "eval_max_batches": 0, "copy_random_ids": 0, "sft_max_samples": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
 }
 _FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),
-              "validation_fraction": (False, False), "sft_hasty": (True, False)}
+              "validation_fraction": (False, False), "sft_hasty": (True, False),
+              "copy_rows": (True, False)}
 
 
 def resolved_cache_dir(cfg: DataConfig) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import grain
 
-from composer_jax.data import packing, pipeline, split
-from composer_jax.data.config import DataConfig
+from composer_jax.data import packing, pipeline, special_tokens, split
+from composer_jax.data.config import CopySource, DataConfig
+from composer_jax.data.copy_rows import CopySpans
 from composer_jax.data.corpus import Corpus, build_or_load_corpus
 from composer_jax.data.errors import DataError
 from composer_jax.data.shards import TokenStore, build_or_load_shards
@@ -24,7 +25,12 @@ def make_train_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_inde
     """Infinite, reshuffled-per-epoch pretraining batches of this host's share of the global batch."""
     store = _store(cfg, tokenizer, corpus, split.TRAIN)
     layout = packing.StreamLayout(store.lengths, cfg.seq_len, cfg.shuffle_seed, shuffle=True)
-    return _iterator(cfg, "cpt", store, layout, tokenizer, mtp_depth, process_index, process_count, start_state)
+    low = len(special_tokens.ALL_SPECIAL_TOKENS)
+    high = min(tokenizer.vocab_size, low + cfg.copy_random_ids) if cfg.copy_random_ids else tokenizer.vocab_size
+    random_ids = (low, high) if cfg.copy_source == CopySource.RANDOM else None
+    copy = CopySpans(cfg.copy_rows, cfg.shuffle_seed, random_ids=random_ids) if cfg.copy_rows > 0 else None
+    return _iterator(cfg, "cpt", store, layout, tokenizer, mtp_depth, process_index, process_count, start_state,
+                     copy=copy)
 
 
 def make_sft_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_index: int, process_count: int,
@@ -64,12 +70,15 @@ def _store(cfg: DataConfig, tokenizer, corpus: Corpus | None, name: str) -> Toke
 
 
 def _iterator(cfg: DataConfig, kind: str, store: TokenStore, layout, tokenizer, mtp_depth: int, process_index: int,
-              process_count: int, start_state: dict | None) -> pipeline.DataIterator:
+              process_count: int, start_state: dict | None, copy: CopySpans | None = None) -> pipeline.DataIterator:
     pipeline.check_mtp_depth(mtp_depth)
     per_host = pipeline.per_host_batch(cfg, process_index, process_count)
-    rows = pipeline.RowBuilder(layout, store, tokenizer.special.pad)
+    rows = pipeline.RowBuilder(layout, store, tokenizer.special.pad, copy)
     batches = pipeline.batched_rows(rows, per_host, process_index, process_count, mtp_depth)
     meta = {"kind": kind, "data": store.fingerprint, "seq_len": cfg.seq_len, "mtp_depth": mtp_depth,
             "global_batch_size": cfg.global_batch_size, "shuffle_seed": cfg.shuffle_seed,
             "process_index": process_index, "process_count": process_count, "num_workers": cfg.num_workers}
+    if copy is not None:  # only when used, so states saved before copy rows existed still load
+        meta["copy_rows"], meta["copy_source"], meta["copy_ids"] = (
+            copy.fraction, cfg.copy_source.value, list(copy.random_ids or ()))
     return pipeline.iterate(cfg, batches, meta, start_state)

@@ -24,23 +24,27 @@ import numpy as np
 
 from composer_jax.data import packing, targets
 from composer_jax.data.config import DataConfig
+from composer_jax.data.copy_rows import CopySpans
 from composer_jax.data.errors import DataError
 from composer_jax.data.shards import TokenStore
 
 
 @dataclasses.dataclass(frozen=True)
 class RowBuilder:
-    """grain `map_with_index` transform: global row index -> packed row arrays `[T]`."""
+    """grain `map_with_index` transform: global row index -> packed row arrays `[T]` (with `copy`,
+    some rows become copy rows, chosen by the global index: `copy_rows.py`)."""
 
     layout: packing.StreamLayout | packing.BinLayout
     store: TokenStore
     pad_id: int
+    copy: CopySpans | None = None
 
     def __call__(self, index: int, row: int) -> dict[str, np.ndarray]:
         rows = self.layout.rows_per_epoch
         epoch = index // rows if rows else 0
         pieces = self.layout.pieces(epoch, row) if row < rows else []
-        return packing.assemble_row(pieces, self.store, self.layout.seq_len, self.pad_id)
+        arrays = packing.assemble_row(pieces, self.store, self.layout.seq_len, self.pad_id)
+        return self.copy(index, arrays) if self.copy is not None else arrays
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ from composer_jax.data.config import DataConfig, resolved_cache_dir
 from composer_jax.data.errors import DataError
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.protocol import parse_assistant, render_assistant
-from composer_jax.env.tasks.ladder_plan import LADDER_KINDS, oracle_agent
+from composer_jax.env.tasks.ladder_plan import LADDER_KINDS, PLAN_VERSION, oracle_agent
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tools import declared_specs
 
@@ -160,7 +160,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
     tools = declared_specs(cfg.sft_prompt_tools) if cfg.sft_declare_tools else ()
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
                        "tools": tools, "template": chat.template_fingerprint(),
-                       "max_samples": cfg.sft_max_samples, "v": 1,
+                       "max_samples": cfg.sft_max_samples, "v": 1, "plan": PLAN_VERSION,
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {})})
 
     def build(out: Path) -> None:

@@ -146,3 +146,55 @@ def test_worker_processes_give_the_same_batches(small_data):
         _assert_same(reference, list(itertools.islice(iterator, 6)))
     finally:
         iterator.close()
+
+
+def test_copy_rows_repeat_spans_of_their_own_first_half(small_data):
+    """data.copy_rows: about that share of rows are one segment whose second half is made of spans of
+    the first half (each copied token's target is the source's next token: induction); other rows
+    are the plain rows; same state meta otherwise, and resumable."""
+    cfg, corpus, tok = small_data
+    cfg = dataclasses.replace(cfg, seq_len=256)
+    copied = dataclasses.replace(cfg, copy_rows=0.5)
+    plain_rows = [r for b in _take(make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus), 8) for r in b["tokens"]]
+    iterator = make_train_iterator(copied, tok, 1, 0, 1, corpus=corpus)
+    batches = _take(iterator, 8)
+    T, h = cfg.seq_len, cfg.seq_len - cfg.seq_len // 2
+    n_copy = 0
+    for batch in batches:
+        for b, tokens in enumerate(batch["tokens"]):
+            if any(np.array_equal(tokens, p) for p in plain_rows):
+                continue
+            n_copy += 1
+            assert (batch["segment_ids"][b] == 1).all()
+            np.testing.assert_array_equal(batch["positions"][b], np.arange(T))
+            assert batch["loss_mask"][b, :T - 1].all()
+            # every window of 8 tokens of the second half occurs in the first half, unless it straddles
+            # two spans (spans are 16-128 tokens: ~10% straddle)
+            source = {tuple(tokens[i:i + 8]) for i in range(h - 7)}
+            windows = [tuple(tokens[i:i + 8]) for i in range(h, T - 7)]
+            assert np.mean([w in source for w in windows]) > 0.75
+    rows = 8 * cfg.global_batch_size
+    assert 0.25 * rows < n_copy < 0.75 * rows
+    assert iterator.meta["copy_rows"] == 0.5
+    assert "copy_rows" not in make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus).meta
+    resumed = make_train_iterator(copied, tok, 1, 0, 1, corpus=corpus)
+    _take(resumed, 3)
+    again = make_train_iterator(copied, tok, 1, 0, 1, corpus=corpus, start_state=resumed.get_state())
+    _assert_same(batches[3:6], _take(again, 3))
+    with pytest.raises(DataError):
+        make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus, start_state=resumed.get_state())
+
+
+def test_copy_rows_from_random_ids(small_data):
+    """data.copy_source=random: every copy row's first half is random non-special ids and its
+    second half is spans of them."""
+    cfg, corpus, tok = small_data
+    cfg = dataclasses.replace(cfg, seq_len=256, copy_rows=1.0, copy_source="random")
+    T, h = cfg.seq_len, cfg.seq_len - cfg.seq_len // 2
+    batch = next(make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus))
+    assert not batch["loss_mask"][:, :h - 1].any() and batch["loss_mask"][:, h:T - 1].all()
+    for tokens in batch["tokens"]:
+        assert tokens.min() >= len(st.ALL_SPECIAL_TOKENS) and tokens.max() < tok.vocab_size
+        source = {tuple(tokens[i:i + 8]) for i in range(h - 7)}
+        assert np.mean([tuple(tokens[i:i + 8]) in source for i in range(h, T - 7)]) > 0.75
+    assert len(set(batch["tokens"][:, :h].ravel().tolist())) > 0.5 * min(tok.vocab_size, h * len(batch["tokens"]))

@@ -142,16 +142,25 @@ def test_heldout_modules_never_in_training_rows_on_token_ids(tmp_path):
 def test_ladder_plan_reruns_step_ones_test_in_a_short_turn(tmp_path):
     pool = _pool(tmp_path)
     tok = _tokenizer(pool)
+    one_line_reads = 0
     for task in pool.tasks():
         plan = ladder_plan(task, pool.task_dir(task.task_id))
         names = [n for n, _ in plan]
         assert names[:2] == ["run_terminal_cmd", "read_file"] and names[-2:] == ["run_terminal_cmd",
                                                                                   "finish"]
+        read, edit = plan[1][1], plan[2][1]
+        if plan[2][0] == "search_replace" and edit["old_string"].rstrip("\n").count("\n") == 0:
+            # a one-line fix reads exactly that line: copying its number, no arithmetic
+            assert read["start_line"] == read["end_line"]
+            before = (pool.task_dir(task.task_id) / "snapshot" / read["target_file"]).read_text()
+            assert before.splitlines()[read["start_line"] - 1] == edit["old_string"].rstrip("\n")
+            one_line_reads += 1
         first, rerun = plan[0][1]["command"], plan[-2][1]["command"]
         assert first.split(" 2>&1")[0] == rerun.split(" 2>&1")[0] == \
             f"python -m unittest {task.fail_to_pass[0]}"
         text = p.render_assistant("", [plan[-2]], first_index=len(plan) - 2)
         assert len(tok.encode(text)) < 120
+    assert one_line_reads > 0
 
 
 def test_prompt_tools_shorten_the_prompt_and_follow_the_policys_sft(tmp_path):

@@ -4,8 +4,9 @@
   1. run the first visible failing test and show the end of its output (the traceback: for
      level 1 the module's line and CPython's "Did you mean" hint; for level 2 the failed
      assertion);
-  2. `read_file` a window of the module around the broken line (the line the traceback named, for
-     level 2 the one the test led to);
+  2. `read_file` of the broken line alone when the fix is a one-line hunk (level 1: the line the
+     traceback named, so the call copies its number twice and needs no arithmetic, and the next
+     call's `old_string` is a copy of the line shown), else a window of CONTEXT lines around it;
   3. the reference fix as `search_replace` calls (`env.agents.edit_plan`);
   4. run the test of step 1 again (the same command but the tail: 50-70 tokens to generate; the
      list of every failing test id, up to 20, made this turn up to 420 tokens);
@@ -24,6 +25,7 @@ from composer_jax.env.protocol import render_assistant
 from composer_jax.env.tasks.task import Task, read_files
 
 LADDER_KINDS = ("level1", "level2")
+PLAN_VERSION = 2     # bump when the plan changes: SFT stores built from the old plan are rebuilt
 CONTEXT = 6          # lines shown before and after the broken line
 OUTPUT_LINES = 12    # the end of the failing test's output shown in step 1
 RERUN_LINES = 3      # step 4 reruns step 1's test and shows its verdict
@@ -45,12 +47,14 @@ def ladder_plan(task: Task, task_dir) -> list[tuple[str, dict]]:
     visible = [t for t in task.fail_to_pass if t not in task.held_back] or list(task.fail_to_pass)
     rel = task.edit_files[0]
     line = first_changed_line(before[rel], after[rel])
+    edits = [(name, {"file_path": r, **args}) for r in task.edit_files for name, args in edit_plan(before[r], after[r])]
+    one_line = (len(edits) == 1 and edits[0][0] == "search_replace"
+                and edits[0][1]["old_string"].rstrip("\n").count("\n") == 0)
+    window = (line, line) if one_line else (max(1, line - CONTEXT), line + CONTEXT)
     plan = [("run_terminal_cmd", {"command": f"python -m unittest {visible[0]} 2>&1 | "
                                              f"tail -n {OUTPUT_LINES}"}),
-            ("read_file", {"target_file": rel, "start_line": max(1, line - CONTEXT),
-                           "end_line": line + CONTEXT})]
-    for r in task.edit_files:
-        plan += [(name, {"file_path": r, **args}) for name, args in edit_plan(before[r], after[r])]
+            ("read_file", {"target_file": rel, "start_line": window[0], "end_line": window[1]})]
+    plan += edits
     plan.append(("run_terminal_cmd", {"command": f"python -m unittest {visible[0]} 2>&1 | "
                                                  f"tail -n {RERUN_LINES}"}))
     plan.append(("finish", {"message": "Fixed; the failing tests pass now."}))

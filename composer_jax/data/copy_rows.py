@@ -1,0 +1,81 @@
+"""Copy rows: pretraining rows whose second part repeats spans of their first part.
+
+A model that never saw a repeated span has no reason to learn to copy from its context (an
+induction head): at CPU scale, ~1M tokens of code do not teach it, and an agent that cannot copy a
+test id, a line number or an identifier from a tool result cannot act on code it never saw. A copy
+row keeps the first `T - T // 2` tokens of an ordinary packed row as the source and fills the rest
+with spans of the source, each `[min_span, max_span]` tokens long at a random start; the whole row
+becomes one segment (positions 0..T-1) so that every copied span can attend to its original. With
+`random_ids` = (low, high) the source is instead `T - T // 2` uniformly random ids in [low, high)
+(`data.copy_source=random`): only the copy can be predicted, so only the copy carries loss, the
+strongest induction signal.
+
+Glossary: T = seq_len. Row arrays as `packing.assemble_row` returns them, each `[T]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from composer_jax.data.errors import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class CopySpans:
+    """Which rows become copy rows (`fraction`, chosen per global row index) and their span lengths."""
+
+    fraction: float
+    seed: int
+    min_span: int = 16
+    max_span: int = 128
+    random_ids: tuple[int, int] | None = None   # [low, high): random sources (no special ids)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fraction <= 1.0:
+            raise DataError(f"copy row fraction {self.fraction!r}: must be in [0, 1]")
+        if not 1 <= self.min_span <= self.max_span:
+            raise DataError(f"copy spans [{self.min_span}, {self.max_span}]: need 1 <= min_span <= max_span")
+
+    def __call__(self, index: int, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng((self.seed, 0xC0B1, index))
+        if rng.random() >= self.fraction:
+            return row
+        if self.random_ids is not None:
+            seq_len = len(row["tokens"])
+            source = rng.integers(*self.random_ids, seq_len - seq_len // 2).astype(row["tokens"].dtype)
+            row = {**row, "tokens": np.concatenate([source, row["tokens"][len(source):]]),
+                   "segment_ids": np.ones_like(row["segment_ids"])}
+            row = copy_row(row, rng, self.min_span, self.max_span)
+            row["trainable"][:len(source)] = 0   # random ids cannot be predicted: no loss on them
+            return row
+        return copy_row(row, rng, self.min_span, self.max_span)
+
+
+def copy_row(row: dict[str, np.ndarray], rng: np.random.Generator, min_span: int,
+             max_span: int) -> dict[str, np.ndarray]:
+    """`row` with tokens [h, T) replaced by spans copied from [0, h), h = T - T // 2; one segment.
+
+    Padding in the source (a short last row) is dropped from the source first; a row with fewer
+    than `min_span` real tokens is returned unchanged.
+    """
+    tokens = row["tokens"]
+    seq_len = len(tokens)
+    real = np.flatnonzero(row["segment_ids"] > 0)
+    source = tokens[real[real < seq_len - seq_len // 2]] if len(real) else tokens[:0]
+    if len(source) < min_span:
+        return row
+    out = np.empty(seq_len, dtype=tokens.dtype)
+    out[:len(source)] = source
+    filled = len(source)
+    longest = min(max_span, len(source))
+    while filled < seq_len:
+        length = int(rng.integers(min(min_span, longest), longest + 1))
+        start = int(rng.integers(0, len(source) - length + 1))
+        take = min(length, seq_len - filled)
+        out[filled:filled + take] = source[start:start + take]
+        filled += take
+    return {"tokens": out, "segment_ids": np.ones(seq_len, dtype=row["segment_ids"].dtype),
+            "positions": np.arange(seq_len, dtype=row["positions"].dtype),
+            "trainable": np.ones(seq_len, dtype=row["trainable"].dtype)}
