@@ -4,7 +4,7 @@ Trains the `tiny` MoE (hidden `--hidden`, no MTP) from scratch on rows of `--len
 [0, `--vocab`) followed by a copy, Adam at `--lr`, batch 32, loss on the copy only, and prints CE
 per token on the first (untrained) and second half every 100 steps. `--copy exact`: the second
 half repeats the first (a fixed positional offset solves it, no content matching needed);
-`--copy spans`: the second half is spans of random starts (`data.copy_rows.copy_row`, spans of
+`--copy spans`: the second half is spans of random starts (`data.copy_rows.source_then_spans`, spans of
 4..length/2 ids), which only content-based copying (an induction head) predicts. A calibration
 for `data.copy_rows` pretraining (benchmarks/results/rl_coding_ladder.txt, section 12).
 
@@ -27,8 +27,9 @@ from flax import nnx
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from composer_jax.config import tiny  # noqa: E402
-from composer_jax.data.copy_rows import copy_row  # noqa: E402
+from composer_jax.data.copy_rows import source_then_spans  # noqa: E402
 from composer_jax.model.params import init_model  # noqa: E402
+from composer_jax.train.losses import target_logprobs  # noqa: E402
 
 
 def batch(rng: np.random.Generator, vocab: int, length: int, rows: int, spans: bool) -> np.ndarray:
@@ -36,12 +37,7 @@ def batch(rng: np.random.Generator, vocab: int, length: int, rows: int, spans: b
     first = rng.integers(0, vocab, (rows, length)).astype(np.int32)
     if not spans:
         return np.concatenate([first, first], 1)
-    out = []
-    for r in first:
-        row = {"tokens": np.concatenate([r, r]), "segment_ids": np.ones(2 * length, np.int32),
-               "positions": np.arange(2 * length, dtype=np.int32), "trainable": np.ones(2 * length, np.uint8)}
-        out.append(copy_row(row, rng, 4, max(4, length // 2))["tokens"])
-    return np.stack(out)
+    return np.stack([source_then_spans(r, 2 * length, rng, 4, max(4, length // 2)) for r in first])
 
 
 def main(argv=None) -> int:
@@ -61,7 +57,7 @@ def main(argv=None) -> int:
 
     def loss_fn(params, x):
         logits = nnx.merge(graphdef, params, rest)(x, with_mtp=False).logits
-        nll = -jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], -1), x[:, 1:, None], -1)[..., 0]
+        nll = -target_logprobs(logits[:, :-1], x[:, 1:])
         return nll[:, L:].mean(), (nll[:, :L - 1].mean(), nll[:, L:].mean())
 
     @jax.jit

@@ -275,6 +275,7 @@ def copy_probe(policy: str, n: int = 16, length: int = 100, seed: int = 0, ids: 
     import jax.numpy as jnp
 
     from composer_jax.api import load_config
+    from composer_jax.train.losses import target_logprobs
     from composer_jax.train.weights import load_weights
 
     run = pathlib.Path(policy)
@@ -285,8 +286,7 @@ def copy_probe(policy: str, n: int = 16, length: int = 100, seed: int = 0, ids: 
     low, high = (len(ALL_SPECIAL_TOKENS), len(ALL_SPECIAL_TOKENS) + ids) if ids else (vocab // 4, vocab)
     seqs = np.random.default_rng(seed).integers(low, high, size=(n, length))
     x = jnp.asarray(np.concatenate([seqs, seqs], 1), jnp.int32)
-    lp = np.asarray(jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits, -1))(x))
-    nll = -np.take_along_axis(lp[:, :-1], np.asarray(x)[:, 1:, None], -1)[..., 0]
+    nll = -np.asarray(jax.jit(lambda x: target_logprobs(model(x, with_mtp=False).logits[:, :-1], x[:, 1:]))(x))
     first, second = nll[:, :length - 1].mean(), nll[:, length:].mean()
     return [f"policy {policy} (step {weights.step}): CE per token on {n} random {length}-token sequences "
             f"of ids [{low}, {high}) "

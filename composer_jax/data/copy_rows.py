@@ -39,34 +39,33 @@ class CopySpans:
             raise DataError(f"copy spans [{self.min_span}, {self.max_span}]: need 1 <= min_span <= max_span")
 
     def __call__(self, index: int, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Row `index` as a copy row (chosen with probability `fraction`), else `row` unchanged.
+        The source is the row's first `T - T // 2` real tokens (padding dropped) or random ids; a
+        source shorter than `min_span` leaves the row unchanged."""
         rng = np.random.default_rng((self.seed, 0xC0B1, index))
         if rng.random() >= self.fraction:
             return row
-        if self.random_ids is not None:
-            seq_len = len(row["tokens"])
-            source = rng.integers(*self.random_ids, seq_len - seq_len // 2).astype(row["tokens"].dtype)
-            row = {**row, "tokens": np.concatenate([source, row["tokens"][len(source):]]),
-                   "segment_ids": np.ones_like(row["segment_ids"])}
-            row = copy_row(row, rng, self.min_span, self.max_span)
-            row["trainable"][:len(source)] = 0   # random ids cannot be predicted: no loss on them
+        tokens = row["tokens"]
+        seq_len, half = len(tokens), len(tokens) - len(tokens) // 2
+        if self.random_ids is None:
+            source = tokens[:half][row["segment_ids"][:half] > 0]
+        else:
+            source = rng.integers(*self.random_ids, half).astype(tokens.dtype)
+        if len(source) < self.min_span:
             return row
-        return copy_row(row, rng, self.min_span, self.max_span)
+        trainable = np.ones(seq_len, dtype=row["trainable"].dtype)
+        if self.random_ids is not None:
+            trainable[:half] = 0   # random ids cannot be predicted: no loss on them
+        return {"tokens": source_then_spans(source, seq_len, rng, self.min_span, self.max_span),
+                "segment_ids": np.ones(seq_len, dtype=row["segment_ids"].dtype),
+                "positions": np.arange(seq_len, dtype=row["positions"].dtype), "trainable": trainable}
 
 
-def copy_row(row: dict[str, np.ndarray], rng: np.random.Generator, min_span: int,
-             max_span: int) -> dict[str, np.ndarray]:
-    """`row` with tokens [h, T) replaced by spans copied from [0, h), h = T - T // 2; one segment.
-
-    Padding in the source (a short last row) is dropped from the source first; a row with fewer
-    than `min_span` real tokens is returned unchanged.
-    """
-    tokens = row["tokens"]
-    seq_len = len(tokens)
-    real = np.flatnonzero(row["segment_ids"] > 0)
-    source = tokens[real[real < seq_len - seq_len // 2]] if len(real) else tokens[:0]
-    if len(source) < min_span:
-        return row
-    out = np.empty(seq_len, dtype=tokens.dtype)
+def source_then_spans(source: np.ndarray, seq_len: int, rng: np.random.Generator, min_span: int,
+                      max_span: int) -> np.ndarray:
+    """`[seq_len]` ids: `source`, then spans of it (each `[min_span, max_span]` long, capped at
+    the source's length, at a uniformly random start) until `seq_len` is filled."""
+    out = np.empty(seq_len, dtype=source.dtype)
     out[:len(source)] = source
     filled = len(source)
     longest = min(max_span, len(source))
@@ -76,6 +75,4 @@ def copy_row(row: dict[str, np.ndarray], rng: np.random.Generator, min_span: int
         take = min(length, seq_len - filled)
         out[filled:filled + take] = source[start:start + take]
         filled += take
-    return {"tokens": out, "segment_ids": np.ones(seq_len, dtype=row["segment_ids"].dtype),
-            "positions": np.arange(seq_len, dtype=row["positions"].dtype),
-            "trainable": np.ones(seq_len, dtype=row["trainable"].dtype)}
+    return out

@@ -25,12 +25,8 @@ def make_train_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_inde
     """Infinite, reshuffled-per-epoch pretraining batches of this host's share of the global batch."""
     store = _store(cfg, tokenizer, corpus, split.TRAIN)
     layout = packing.StreamLayout(store.lengths, cfg.seq_len, cfg.shuffle_seed, shuffle=True)
-    low = len(special_tokens.ALL_SPECIAL_TOKENS)
-    high = min(tokenizer.vocab_size, low + cfg.copy_random_ids) if cfg.copy_random_ids else tokenizer.vocab_size
-    random_ids = (low, high) if cfg.copy_source == CopySource.RANDOM else None
-    copy = CopySpans(cfg.copy_rows, cfg.shuffle_seed, random_ids=random_ids) if cfg.copy_rows > 0 else None
     return _iterator(cfg, "cpt", store, layout, tokenizer, mtp_depth, process_index, process_count, start_state,
-                     copy=copy)
+                     copy=_copy_spans(cfg, tokenizer.vocab_size))
 
 
 def make_sft_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_index: int, process_count: int,
@@ -62,6 +58,18 @@ def make_eval_batches(cfg: DataConfig, tokenizer, mtp_depth: int, process_index:
     rows = pipeline.RowBuilder(layout, store, tokenizer.special.pad)
     return pipeline.batched_rows(rows, per_host, process_index, process_count, mtp_depth,
                                  num_rows=global_batches * cfg.global_batch_size)
+
+
+def _copy_spans(cfg: DataConfig, vocab_size: int) -> CopySpans | None:
+    """The copy-row transform of `data.copy_rows` (None when 0); random sources draw from the
+    non-special ids, the first `data.copy_random_ids` of them when set."""
+    if cfg.copy_rows == 0:
+        return None
+    random_ids = None
+    if cfg.copy_source == CopySource.RANDOM:
+        low = len(special_tokens.ALL_SPECIAL_TOKENS)
+        random_ids = (low, min(vocab_size, low + cfg.copy_random_ids) if cfg.copy_random_ids else vocab_size)
+    return CopySpans(cfg.copy_rows, cfg.shuffle_seed, random_ids=random_ids)
 
 
 def _store(cfg: DataConfig, tokenizer, corpus: Corpus | None, name: str) -> TokenStore:

@@ -47,7 +47,8 @@ def ladder_plan(task: Task, task_dir) -> list[tuple[str, dict]]:
     visible = [t for t in task.fail_to_pass if t not in task.held_back] or list(task.fail_to_pass)
     rel = task.edit_files[0]
     line = first_changed_line(before[rel], after[rel])
-    edits = [(name, {"file_path": r, **args}) for r in task.edit_files for name, args in edit_plan(before[r], after[r])]
+    edits = [(name, {"file_path": r, **args})
+             for r in task.edit_files for name, args in edit_plan(before[r], after[r])]
     one_line = (len(edits) == 1 and edits[0][0] == "search_replace"
                 and edits[0][1]["old_string"].rstrip("\n").count("\n") == 0)
     window = (line, line) if one_line else (max(1, line - CONTEXT), line + CONTEXT)
