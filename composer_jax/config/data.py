@@ -148,6 +148,13 @@ class DataConfig:
         _check_int(self, "max_file_bytes", max(1, self.min_file_bytes + 1))
         for name, (upper_inclusive, lower_exclusive) in _FRACTIONS.items():
             _check_fraction(self, name, upper_inclusive=upper_inclusive, lower_exclusive=lower_exclusive)
+        if self.copy_rows == 0 and (self.copy_source != CopySource.CODE or self.copy_random_ids):
+            raise ConfigError(f"data.copy_source={self.copy_source.value!r} / data.copy_random_ids="
+                              f"{self.copy_random_ids} shape copy rows, but data.copy_rows=0 makes none: set "
+                              "data.copy_rows > 0, or leave them at their defaults")
+        if self.copy_random_ids and self.copy_source != CopySource.RANDOM:
+            raise ConfigError(f"data.copy_random_ids={self.copy_random_ids} applies to random sources only: "
+                              "set data.copy_source=random, or data.copy_random_ids=0")
         if self.minhash_perms % self.minhash_bands:
             raise ConfigError(f"data.minhash_bands={self.minhash_bands}: must divide data.minhash_perms="
                               f"{self.minhash_perms}")

@@ -33,6 +33,9 @@ def make_sft_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_index:
                       start_state: dict | None = None, *, corpus: Corpus | None = None) -> pipeline.DataIterator:
     """Infinite SFT batches (`data.sft_source`: oracle transcripts or docstring -> function chats);
     the loss mask covers assistant tokens only."""
+    if cfg.copy_rows:
+        raise DataError(f"data.copy_rows={cfg.copy_rows} makes pretraining copy rows; SFT batches are whole "
+                        "chat samples and have none: set data.copy_rows=0 for SFT")
     corpus = corpus or build_or_load_corpus(cfg)
     store = build_or_load_sft(cfg, corpus, tokenizer)
     layout = packing.BinLayout(store.lengths, cfg.seq_len, cfg.shuffle_seed)

@@ -198,3 +198,17 @@ def test_copy_rows_from_random_ids(small_data):
         source = {tuple(tokens[i:i + 8]) for i in range(h - 7)}
         assert np.mean([tuple(tokens[i:i + 8]) in source for i in range(h, T - 7)]) > 0.75
     assert len(set(batch["tokens"][:, :h].ravel().tolist())) > 0.5 * min(tok.vocab_size, h * len(batch["tokens"]))
+
+
+def test_copy_settings_that_would_do_nothing_are_refused(small_data):
+    """copy_source / copy_random_ids without copy rows, copy_random_ids on code sources, and copy
+    rows in SFT batches are errors, not silent no-ops."""
+    from composer_jax.errors import ConfigError
+    cfg, corpus, tok = small_data
+    for bad in ({"copy_source": "random"}, {"copy_random_ids": 64},
+                {"copy_rows": 0.5, "copy_random_ids": 64}):
+        with pytest.raises(ConfigError, match="copy"):
+            dataclasses.replace(cfg, **bad)
+    dataclasses.replace(cfg, copy_rows=0.5, copy_source="random", copy_random_ids=64)  # accepted
+    with pytest.raises(DataError, match="copy_rows"):
+        make_sft_iterator(dataclasses.replace(cfg, copy_rows=0.5), tok, 1, 0, 1, corpus=corpus)
