@@ -6,9 +6,19 @@ per token on the first (untrained) and second half every 100 steps. `--copy exac
 half repeats the first (a fixed positional offset solves it, no content matching needed);
 `--copy spans`: the second half is spans of random starts (`data.copy_rows.source_then_spans`, spans of
 4..length/2 ids), which only content-based copying (an induction head) predicts. A calibration
-for `data.copy_rows` pretraining (benchmarks/results/rl_coding_ladder.txt, section 12).
+for `data.copy_rows` pretraining (benchmarks/results/rl_coding_ladder.txt, sections 12 and 14).
+
+A vocabulary curriculum (`--stages IDS:STEPS,...` with `--restrict_softmax`): rows draw their ids
+from the first IDS ids of the vocabulary and the softmax covers those ids only, widening stage by
+stage up to the whole vocabulary. With a 4096-id output layer the same 64-id rows that a 64-id
+model learns to copy in ~700 steps show no phase change in 3000 (copy_formation_4096_64ids.txt);
+restricting the softmax restores ~700 and the skill carries over as the ids widen
+(copy_formation_vocab_curriculum.txt). `--save DIR` writes the model as an HF checkpoint that
+`train.init_from=DIR` continues; `--probe SOURCE` measures how far a saved model copies.
 
     python benchmarks/copy_formation.py --vocab 64 --length 32 --copy spans --steps 1500
+    python benchmarks/copy_formation.py --vocab 4096 --length 32 --model first_k_dense=2 --restrict_softmax \
+        --stages 64:1000,128:500,256:500,512:500,1024:500,2048:500,4096:1000 --save runs/induct_hf
 """
 from __future__ import annotations
 
@@ -28,16 +38,54 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from composer_jax.config import tiny  # noqa: E402
 from composer_jax.data.copy_rows import source_then_spans  # noqa: E402
+from composer_jax.model.hf import save_hf  # noqa: E402
 from composer_jax.model.params import init_model  # noqa: E402
 from composer_jax.train.losses import target_logprobs  # noqa: E402
 
 
-def batch(rng: np.random.Generator, vocab: int, length: int, rows: int, spans: bool) -> np.ndarray:
-    """[rows, 2 * length] ids: random first halves, then their exact repeat or spans of them."""
-    first = rng.integers(0, vocab, (rows, length)).astype(np.int32)
+def batch(rng: np.random.Generator, vocab: int, length: int, rows: int, spans: bool,
+          unique: bool = False) -> np.ndarray:
+    """[rows, 2 * length] ids: random first halves (`unique`: no id twice in a row's source, so
+    every copied id has one continuation), then their exact repeat or spans of them."""
+    if unique:
+        first = np.stack([rng.choice(vocab, length, replace=False) for _ in range(rows)]).astype(np.int32)
+    else:
+        first = rng.integers(0, vocab, (rows, length)).astype(np.int32)
     if not spans:
         return np.concatenate([first, first], 1)
     return np.stack([source_then_spans(r, 2 * length, rng, 4, max(4, length // 2)) for r in first])
+
+
+def previous_token_rows(rng: np.random.Generator, vocab: int, length: int, rows: int) -> np.ndarray:
+    """[rows, 2 * length] ids: a random first half, then ids that repeat the id two back with
+    probability 1/2 (else random): predicting x[t+1] at t needs x[t-1], i.e. a previous-token
+    head, the first half of an induction circuit, which random copy rows alone do not reward."""
+    x = rng.integers(0, vocab, (rows, 2 * length)).astype(np.int32)
+    repeat = rng.random((rows, 2 * length)) < 0.5
+    for t in range(length, 2 * length):
+        x[:, t] = np.where(repeat[:, t], x[:, t - 2], x[:, t])
+    return x
+
+
+def probe(source: str, lengths=(32, 100, 300), rows: int = 16) -> list[str]:
+    """CE per token of the model in `source` (a run workdir or an HF checkpoint) on `rows` random
+    sequences of L ids (ids >= 16: no special tokens) for each L of `lengths`: the first copy,
+    its exact repeat, and spans of it (random starts, 4..L/2 ids), i.e. how far it copies."""
+    from composer_jax.config import Config
+    from composer_jax.train.weights import load_weights
+
+    model = load_weights(str(pathlib.Path(source).resolve()), Config()).model()
+    score = jax.jit(lambda x: -target_logprobs(model(x, with_mtp=False).logits[:, :-1], x[:, 1:]))
+    vocab, rng, out = model.cfg.vocab_size, np.random.default_rng(0), []
+    for L in lengths:
+        src = rng.integers(16, vocab, (rows, L))
+        exact = np.asarray(score(jnp.asarray(np.concatenate([src, src], 1), jnp.int32)))
+        spans = np.stack([source_then_spans(r, 2 * L, rng, 4, max(4, L // 2)) for r in src])
+        span_nll = np.asarray(score(jnp.asarray(spans, jnp.int32)))
+        out.append(f"{source}: L={L:4d}: first copy {exact[:, :L - 1].mean():.2f}, exact repeat "
+                   f"{exact[:, L:].mean():.2f}, spans {span_nll[:, L:].mean():.2f} (chance ln {vocab} = "
+                   f"{np.log(vocab):.2f})")
+    return out
 
 
 def main(argv=None) -> int:
@@ -48,32 +96,80 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--copy", choices=("exact", "spans"), default="spans")
+    ap.add_argument("--stages", default="",
+                    help="an id curriculum, IDS:STEPS,...: rows draw ids from the first IDS of --vocab "
+                         "for STEPS steps, then the next stage (replaces --steps), e.g. 64:1000,512:1000,4096:2000")
+    ap.add_argument("--restrict_softmax", action="store_true",
+                    help="normalise the output over the stage's ids only, not the whole --vocab (with --stages: a vocabulary curriculum)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the init and of the rows")
+    ap.add_argument("--save", default="", help="write the trained model here as an HF checkpoint "
+                    "(model.hf.save_hf; `train.init_from=DIR` starts a run from it)")
+    ap.add_argument("--unique", action="store_true", help="sources without repeated ids (needs ids >= --length)")
+    ap.add_argument("--prime", type=float, default=0.0,
+                    help="share of each batch that is previous-token rows (previous_token_rows)")
+    ap.add_argument("--model", action="append", default=[], metavar="FIELD=INT",
+                    help="override an integer field of the tiny ModelConfig (repeatable), e.g. kv_lora_rank=64")
+    ap.add_argument("--probe", default="", help="only probe the model in this run workdir or HF "
+                    "checkpoint (`probe`: copying at distances 32, 100 and 300) and exit")
     a = ap.parse_args(argv)
-    cfg = dataclasses.replace(tiny(), vocab_size=a.vocab, mtp_depth=0, hidden_size=a.hidden)
-    graphdef, params, rest = nnx.split(init_model(cfg, seed=0), nnx.Param, ...)
+    if a.probe:
+        print("\n".join(probe(a.probe)))
+        return 0
+    fields = {f.name for f in dataclasses.fields(tiny())}
+    overrides = {}
+    for item in a.model:
+        name, _, value = item.partition("=")
+        if name not in fields or not value.lstrip("-").isdigit():
+            ap.error(f"--model {item!r}: expected FIELD=INT with FIELD one of the ModelConfig fields")
+        overrides[name] = int(value)
+    cfg = dataclasses.replace(tiny(), vocab_size=a.vocab, mtp_depth=0, hidden_size=a.hidden, **overrides)
+    graphdef, params, rest = nnx.split(init_model(cfg, seed=a.seed), nnx.Param, ...)
     opt = optax.adam(a.lr)
     state = opt.init(params)
     L = a.length
+    n_prime = int(round(a.prime * 32))
+    try:
+        stages = ([tuple(int(v) for v in st.split(":")) for st in a.stages.split(",")] if a.stages
+                  else [(a.vocab, a.steps)])
+        if any(len(st) != 2 or not 2 <= st[0] <= a.vocab or st[1] < 1 for st in stages):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--stages {a.stages!r}: each stage is IDS:STEPS with 2 <= IDS <= --vocab and STEPS >= 1")
+    if a.unique and min(ids for ids, _ in stages) < L:
+        ap.error(f"--unique needs at least --length={L} ids in every stage")
+    ids_at = [ids for ids, n in stages for _ in range(n)]
 
-    def loss_fn(params, x):
+    def loss_fn(params, x, ids):
         logits = nnx.merge(graphdef, params, rest)(x, with_mtp=False).logits
+        if a.restrict_softmax:   # the vocabulary curriculum: the softmax over the stage's ids only
+            logits = jnp.where(jnp.arange(logits.shape[-1]) < ids, logits, -1e9)
         nll = -target_logprobs(logits[:, :-1], x[:, 1:])
-        return nll[:, L:].mean(), (nll[:, :L - 1].mean(), nll[:, L:].mean())
+        copy_rows = nll[n_prime:]
+        return nll[:, L:].mean(), (copy_rows[:, :L - 1].mean(), copy_rows[:, L:].mean(),
+                                   nll[:n_prime, L:].mean() if n_prime else jnp.zeros(()))
 
     @jax.jit
-    def step(params, state, x):
-        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x)
+    def step(params, state, x, ids):
+        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x, ids)
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, aux
 
-    print(f"tiny hidden {a.hidden}, vocab {a.vocab}, {L} random ids + {a.copy} copy, batch 32, Adam {a.lr}; "
+    print(f"tiny hidden {a.hidden} {overrides or ''}, vocab {a.vocab}, {L} random ids + {a.copy} copy, batch 32, Adam {a.lr}, seed {a.seed}; "
           f"chance ln {a.vocab} = {np.log(a.vocab):.2f}")
-    rng, t0 = np.random.default_rng(0), time.time()
-    for i in range(1, a.steps + 1):
-        params, state, (first, second) = step(params, state, jnp.asarray(batch(rng, a.vocab, L, 32, a.copy == "spans")))
+    rng, t0 = np.random.default_rng(a.seed), time.time()
+    for i in range(1, len(ids_at) + 1):
+        ids = ids_at[i - 1]
+        x = batch(rng, ids, L, 32 - n_prime, a.copy == "spans", a.unique)
+        if n_prime:
+            x = np.concatenate([previous_token_rows(rng, ids, L, n_prime), x])
+        params, state, (first, second, prime) = step(params, state, jnp.asarray(x), ids)
         if i % 100 == 0:
-            print(f"step {i:5d}: CE first half {float(first):.2f} (untrained), second half {float(second):.2f}"
+            extra = f", previous-token rows {float(prime):.2f}" if n_prime else ""
+            print(f"step {i:5d} (ids {ids}, ln {np.log(ids):.2f}): CE first half {float(first):.2f} (untrained), second half {float(second):.2f}{extra}"
                   f"   [{time.time() - t0:.0f} s]", flush=True)
+    if a.save:
+        save_hf(nnx.merge(graphdef, params, rest), a.save)
+        print(f"saved the model as an HF checkpoint in {a.save}")
     return 0
 
 
