@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import pathlib
 import sys
 import time
@@ -36,10 +37,11 @@ from flax import nnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from composer_jax.config import tiny  # noqa: E402
+from composer_jax.config import Config, tiny  # noqa: E402
 from composer_jax.data.copy_rows import source_then_spans  # noqa: E402
 from composer_jax.model.hf import save_hf  # noqa: E402
 from composer_jax.model.params import init_model  # noqa: E402
+from composer_jax.train.weights import load_weights  # noqa: E402
 from composer_jax.train.losses import target_logprobs  # noqa: E402
 
 
@@ -71,9 +73,6 @@ def probe(source: str, lengths=(32, 100, 300), rows: int = 16) -> list[str]:
     """CE per token of the model in `source` (a run workdir or an HF checkpoint) on `rows` random
     sequences of L ids (ids >= 16: no special tokens) for each L of `lengths`: the first copy,
     its exact repeat, and spans of it (random starts, 4..L/2 ids), i.e. how far it copies."""
-    from composer_jax.config import Config
-    from composer_jax.train.weights import load_weights
-
     model = load_weights(str(pathlib.Path(source).resolve()), Config()).model()
     score = jax.jit(lambda x: -target_logprobs(model(x, with_mtp=False).logits[:, :-1], x[:, 1:]))
     vocab, rng, out = model.cfg.vocab_size, np.random.default_rng(0), []
@@ -97,8 +96,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--copy", choices=("exact", "spans"), default="spans")
     ap.add_argument("--stages", default="",
-                    help="an id curriculum, IDS:STEPS,...: rows draw ids from the first IDS of --vocab "
-                         "for STEPS steps, then the next stage (replaces --steps), e.g. 64:1000,512:1000,4096:2000")
+                    help="an id curriculum, IDS:STEPS[:LENGTH],...: rows draw ids from the first IDS of --vocab "
+                         "(sources of LENGTH ids, default --length) for STEPS steps, then the next stage "
+                         "(replaces --steps), e.g. 64:1000,512:1000,4096:2000,4096:1000:128")
+    ap.add_argument("--init", default="", help="start from the model in this run workdir or HF checkpoint "
+                    "(e.g. an earlier --save) instead of a fresh tiny model; --vocab must be its vocabulary")
     ap.add_argument("--restrict_softmax", action="store_true",
                     help="normalise the output over the stage's ids only, not the whole --vocab (with --stages: a vocabulary curriculum)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the init and of the rows")
@@ -123,7 +125,13 @@ def main(argv=None) -> int:
             ap.error(f"--model {item!r}: expected FIELD=INT with FIELD one of the ModelConfig fields")
         overrides[name] = int(value)
     cfg = dataclasses.replace(tiny(), vocab_size=a.vocab, mtp_depth=0, hidden_size=a.hidden, **overrides)
-    graphdef, params, rest = nnx.split(init_model(cfg, seed=a.seed), nnx.Param, ...)
+    model = init_model(cfg, seed=a.seed)
+    if a.init:
+        model = load_weights(str(pathlib.Path(a.init).resolve()), Config()).model()
+        if model.cfg.vocab_size != a.vocab:
+            ap.error(f"--init {a.init}: its vocabulary is {model.cfg.vocab_size} ids, --vocab is {a.vocab}")
+        cfg = model.cfg
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = optax.adam(a.lr)
     state = opt.init(params)
     L = a.length
@@ -131,15 +139,17 @@ def main(argv=None) -> int:
     try:
         stages = ([tuple(int(v) for v in st.split(":")) for st in a.stages.split(",")] if a.stages
                   else [(a.vocab, a.steps)])
-        if any(len(st) != 2 or not 2 <= st[0] <= a.vocab or st[1] < 1 for st in stages):
+        stages = [st if len(st) == 3 else st + (L,) for st in stages]
+        if any(len(st) != 3 or not 2 <= st[0] <= a.vocab or st[1] < 1 or st[2] < 8 for st in stages):
             raise ValueError
     except ValueError:
-        ap.error(f"--stages {a.stages!r}: each stage is IDS:STEPS with 2 <= IDS <= --vocab and STEPS >= 1")
-    if a.unique and min(ids for ids, _ in stages) < L:
-        ap.error(f"--unique needs at least --length={L} ids in every stage")
-    ids_at = [ids for ids, n in stages for _ in range(n)]
+        ap.error(f"--stages {a.stages!r}: each stage is IDS:STEPS[:LENGTH] with 2 <= IDS <= --vocab, "
+                 "STEPS >= 1 and LENGTH >= 8")
+    if a.unique and any(ids < length for ids, _, length in stages):
+        ap.error("--unique needs at least LENGTH ids in every stage")
+    plan = [(ids, length) for ids, n, length in stages for _ in range(n)]
 
-    def loss_fn(params, x, ids):
+    def loss_fn(params, x, ids, L):
         logits = nnx.merge(graphdef, params, rest)(x, with_mtp=False).logits
         if a.restrict_softmax:   # the vocabulary curriculum: the softmax over the stage's ids only
             logits = jnp.where(jnp.arange(logits.shape[-1]) < ids, logits, -1e9)
@@ -148,24 +158,24 @@ def main(argv=None) -> int:
         return nll[:, L:].mean(), (copy_rows[:, :L - 1].mean(), copy_rows[:, L:].mean(),
                                    nll[:n_prime, L:].mean() if n_prime else jnp.zeros(()))
 
-    @jax.jit
-    def step(params, state, x, ids):
-        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x, ids)
+    @functools.partial(jax.jit, static_argnums=3)
+    def step(params, state, x, L, ids):
+        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x, ids, L)
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, aux
 
-    print(f"tiny hidden {a.hidden} {overrides or ''}, vocab {a.vocab}, {L} random ids + {a.copy} copy, batch 32, Adam {a.lr}, seed {a.seed}; "
+    start = f"from {a.init}" if a.init else f"tiny hidden {a.hidden} {overrides or ''}"
+    print(f"{start}, vocab {a.vocab}, {L} random ids + {a.copy} copy, batch 32, Adam {a.lr}, seed {a.seed}; "
           f"chance ln {a.vocab} = {np.log(a.vocab):.2f}")
     rng, t0 = np.random.default_rng(a.seed), time.time()
-    for i in range(1, len(ids_at) + 1):
-        ids = ids_at[i - 1]
+    for i, (ids, L) in enumerate(plan, start=1):
         x = batch(rng, ids, L, 32 - n_prime, a.copy == "spans", a.unique)
         if n_prime:
             x = np.concatenate([previous_token_rows(rng, ids, L, n_prime), x])
-        params, state, (first, second, prime) = step(params, state, jnp.asarray(x), ids)
+        params, state, (first, second, prime) = step(params, state, jnp.asarray(x), L, ids)
         if i % 100 == 0:
             extra = f", previous-token rows {float(prime):.2f}" if n_prime else ""
-            print(f"step {i:5d} (ids {ids}, ln {np.log(ids):.2f}): CE first half {float(first):.2f} (untrained), second half {float(second):.2f}{extra}"
+            print(f"step {i:5d} (ids {ids}, ln {np.log(ids):.2f}, length {L}): CE first half {float(first):.2f} (untrained), second half {float(second):.2f}{extra}"
                   f"   [{time.time() - t0:.0f} s]", flush=True)
     if a.save:
         save_hf(nnx.merge(graphdef, params, rest), a.save)

@@ -35,6 +35,13 @@ def resolved_of(rollout: Rollout) -> float:
     return float(r.get("resolved", r.get("reward_resolved", 0.0)) > 0)
 
 
+def replays_routers(cfg) -> bool:
+    """Whether RL batches carry and the trainer replays the sampler's expert choices:
+    rl.router_replay on a model with MoE layers (an all-dense model has no routing to replay, so
+    the setting has nothing to act on there)."""
+    return bool(cfg.rl.router_replay) and cfg.model.num_moe_layers > 0
+
+
 def make_batch(rollouts: Sequence[Rollout], *, seq_len: int, batch_size: int | None = None,
                router_replay: bool = True,
                error_reward: float | None = None) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from composer_jax.errors import ComposerError
-from composer_jax.rl.batch import make_batch
+from composer_jax.rl.batch import make_batch, replays_routers
 from composer_jax.rl.step import build_rl_step
 from composer_jax.rl.weights.engine_sync import publishable
 
@@ -51,7 +51,7 @@ class ModelLearner:
         segments = sum(len(r.segments) for r in rollouts)
         batch = make_batch(rollouts, seq_len=rl.seq_len,
                            batch_size=rows * max(1, -(-segments // rows)),
-                           router_replay=rl.router_replay, error_reward=-self.error_penalty)
+                           router_replay=replays_routers(self.cfg), error_reward=-self.error_penalty)
         state, metrics = fns.rl_step(state, batch)
         return state, {k: float(v) for k, v in jax.device_get(metrics).items()}
 

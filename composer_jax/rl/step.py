@@ -40,6 +40,7 @@ from composer_jax.parallel import api
 from composer_jax.parallel.batch_schema import LM_FIELDS, ROUTER_REPLAY_FIELDS, BatchSchema, Field
 from composer_jax.parallel.sharding import context_from_config
 from composer_jax.rl import objectives
+from composer_jax.rl.batch import replays_routers
 from composer_jax.train.loss_api import LossSpec, register_loss
 from composer_jax.train.state import TrainState
 from composer_jax.train.step import StepFns, build, make_step_fns
@@ -172,11 +173,11 @@ def make_rl_step(graphdef, abstract_params, abstract_buffers, tx, cfg: Config, p
                                   loss=RL_POLICY_LOSS)
     _, seq_logp = make_step_fns(graphdef, abstract_params, abstract_buffers, tx, cfg, pc,
                                 loss=RL_SEQ_LOGP)
-    rl = cfg.rl
+    rl, replay = cfg.rl, replays_routers(cfg)
 
     def step(state: TrainState, batch: dict, ref=None):
         batch = {k: jnp.asarray(v) for k, v in batch.items()}
-        if not rl.router_replay:
+        if not replay:
             batch.pop("router_replay", None)
         kl_rows = None
         if rl.kl_coef > 0:

@@ -49,7 +49,7 @@ from composer_jax.inference.config import EngineConfig
 from composer_jax.inference.engine import Engine
 from composer_jax.inference.sampling import SamplingParams
 from composer_jax.model import init_model
-from composer_jax.rl.batch import make_batch
+from composer_jax.rl.batch import make_batch, replays_routers
 from composer_jax.rl.step import build_rl_step
 
 
@@ -152,7 +152,7 @@ def train_toy(cfg, *, steps: int, tasks_per_step: int = 4, group_size: int = 8,
                              step=i)
         t1 = time.monotonic()
         batch = make_batch(rollouts, seq_len=seq_len, batch_size=n_rows,
-                           router_replay=cfg.rl.router_replay)
+                           router_replay=replays_routers(cfg))
         state, metrics = fns.rl_step(state, batch)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         engine.swap_weights(engine_state(state.params, state.buffers)[1], version=i + 1)

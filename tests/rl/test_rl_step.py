@@ -252,3 +252,29 @@ def test_rl_step_on_a_two_device_mesh_matches_one_device():
     for r in results:
         for k in ("loss", "kl_k1", "grad_norm", "entropy", "reward_mean"):
             assert r["mesh"][k] == pytest.approx(r["one"][k], rel=1e-4, abs=1e-6), k
+
+
+def test_router_replay_on_an_all_dense_policy_trains_without_routes():
+    """rl.router_replay (on by default) has nothing to act on in a model without MoE layers: the
+    engine captures no routes, and the learner trains on the batch instead of refusing it; a MoE
+    model's batch without routes is still refused."""
+    from composer_jax.rl.batch import replays_routers
+    from composer_jax.rl.learner import ModelLearner
+
+    tok = tt.toy_tokenizer()
+    dense = dataclasses.replace(tt.toy_model_config(tok.vocab_size), first_k_dense=2, num_layers=2)
+    assert dense.num_moe_layers == 0
+    cfg = Config(model=dense, rl=RLConfig(batch_groups=1, group_size=2),
+                 train=TrainConfig(lr=1e-2, warmup_steps=0, schedule="constant"))
+    assert cfg.rl.router_replay and not replays_routers(cfg)
+    assert replays_routers(dataclasses.replace(cfg, model=tt.toy_model_config(tok.vocab_size)))
+    engine = Engine.from_model(init_model(dense, 0), EngineConfig(
+        max_batch=2, max_len=64, capture_router=cfg.rl.router_replay, prefill_batch=2))
+    rollouts = tt.run_group(engine, tok, tt.make_tasks(1, 0), 2, max_new_tokens=6)
+    assert all(s.router_indices is None for r in rollouts for s in r.segments)
+    rollouts[0] = dataclasses.replace(rollouts[0], reward={**rollouts[0].reward, "total": 1.0})
+    learner = ModelLearner(cfg, lambda: init_model(dense, 0))
+    _, metrics = learner.step(learner.init_state(), [rollouts])
+    assert metrics["grad_norm"] > 0 and metrics["update_skipped"] == 0.0
+    with pytest.raises(ValueError, match="carry no router indices"):
+        make_batch(rollouts, seq_len=64, router_replay=True)
