@@ -40,7 +40,7 @@ def end_summary(name: str, summary: dict, workdir, rows: list[dict]) -> str:
     workdir = pathlib.Path(workdir)
     head = (f"{name}: {summary['version']}/{summary.get('steps', summary['version'])} versions, "
             f"{summary['rollouts_finished']} rollouts in {_fmt_s(summary['elapsed_s'])} "
-            f"({summary['rollouts_per_sec']:.0f} rollouts/s)")
+            f"({summary['rollouts_per_sec']:.3g} rollouts/s)")
     if summary.get("stopped_by"):
         head += f"; stopped by {summary['stopped_by']} (rerun the same command to resume)"
     parts = []
