@@ -38,9 +38,11 @@ def reward_first_last(rows: list[dict]) -> tuple | None:
 def end_summary(name: str, summary: dict, workdir, rows: list[dict]) -> str:
     """The lines described in the module docstring."""
     workdir = pathlib.Path(workdir)
+    rate = summary["rollouts_per_sec"]
+    rate = f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"     # 117, 9.5, 0.39
     head = (f"{name}: {summary['version']}/{summary.get('steps', summary['version'])} versions, "
             f"{summary['rollouts_finished']} rollouts in {_fmt_s(summary['elapsed_s'])} "
-            f"({summary['rollouts_per_sec']:.3g} rollouts/s)")
+            f"({rate} rollouts/s)")
     if summary.get("stopped_by"):
         head += f"; stopped by {summary['stopped_by']} (rerun the same command to resume)"
     parts = []

@@ -56,6 +56,15 @@ def test_end_summary_carries_the_warnings(tmp_path):
                                      "0's 0.500 (versions below version 0: 10)")
 
 
+def test_end_summary_rate_keeps_slow_runs_readable(tmp_path):
+    """A coding run makes well under one rollout per second; the end line must not round it to 0."""
+    heads = [end_summary("rl_async", {"version": 6, "steps": 6, "rollouts_finished": 48,
+                                      "elapsed_s": 122.0, "rollouts_per_sec": r}, tmp_path, []
+                         ).splitlines()[0] for r in (48 / 122, 9.5, 117.3)]
+    assert [h.rsplit("(", 1)[1] for h in heads] == ["0.39 rollouts/s)", "9.5 rollouts/s)",
+                                                    "117 rollouts/s)"]
+
+
 def test_plots_show_negative_rewards_and_one_scale_per_panel(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
