@@ -14,7 +14,8 @@ exists and this pass is skipped; (2) Dr.GRPO advantages per row (episodes weight
 head, router-bias update, non-finite guard); (4) metrics.
 
 Batch: `composer_jax.rl.batch.make_batch` (fields and shapes there). With rl.router_replay false
-the `router_replay` field is ignored and the trainer routes afresh. logp_old is the stop-gradient
+(or a model without MoE layers: `rl.batch.replays_routers`) the `router_replay` field is ignored
+and the trainer routes afresh. logp_old is the stop-gradient
 of this step's own forward (one update per batch, so PPO's ratio is 1 and ppo_clip equals
 truncated_is) unless the batch carries a `logp_old` field (several updates on one batch). The MTP
 modules are not run: RL trains the main head.

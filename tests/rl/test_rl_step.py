@@ -13,7 +13,8 @@ from composer_jax.inference.engine import Engine
 from composer_jax.model import init_model
 from composer_jax.rl import objectives as obj
 from composer_jax.rl import toy_tasks as tt
-from composer_jax.rl.batch import make_batch
+from composer_jax.rl.batch import make_batch, replays_routers
+from composer_jax.rl.learner import ModelLearner
 from composer_jax.rl.rollout import Rollout
 from composer_jax.rl.step import build_rl_step
 
@@ -258,9 +259,6 @@ def test_router_replay_on_an_all_dense_policy_trains_without_routes():
     """rl.router_replay (on by default) has nothing to act on in a model without MoE layers: the
     engine captures no routes, and the learner trains on the batch instead of refusing it; a MoE
     model's batch without routes is still refused."""
-    from composer_jax.rl.batch import replays_routers
-    from composer_jax.rl.learner import ModelLearner
-
     tok = tt.toy_tokenizer()
     dense = dataclasses.replace(tt.toy_model_config(tok.vocab_size), first_k_dense=2, num_layers=2)
     assert dense.num_moe_layers == 0
