@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vocab", type=int, default=64)
     ap.add_argument("--length", type=int, default=32)
-    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=None, help="model width (default 64)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--copy", choices=("exact", "spans"), default="spans")
@@ -117,6 +117,8 @@ def main(argv=None) -> int:
     if a.probe:
         print("\n".join(probe(a.probe)))
         return 0
+    if a.init and (a.model or a.hidden is not None):
+        ap.error("--init takes the architecture of the model it loads: drop --model / --hidden")
     fields = {f.name for f in dataclasses.fields(tiny())}
     overrides = {}
     for item in a.model:
@@ -124,13 +126,14 @@ def main(argv=None) -> int:
         if name not in fields or not value.lstrip("-").isdigit():
             ap.error(f"--model {item!r}: expected FIELD=INT with FIELD one of the ModelConfig fields")
         overrides[name] = int(value)
-    cfg = dataclasses.replace(tiny(), vocab_size=a.vocab, mtp_depth=0, hidden_size=a.hidden, **overrides)
-    model = init_model(cfg, seed=a.seed)
+    a.hidden = 64 if a.hidden is None else a.hidden
     if a.init:
         model = load_weights(str(pathlib.Path(a.init).resolve()), Config()).model()
         if model.cfg.vocab_size != a.vocab:
             ap.error(f"--init {a.init}: its vocabulary is {model.cfg.vocab_size} ids, --vocab is {a.vocab}")
-        cfg = model.cfg
+    else:
+        model = init_model(dataclasses.replace(tiny(), vocab_size=a.vocab, mtp_depth=0, hidden_size=a.hidden,
+                                               **overrides), seed=a.seed)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = optax.adam(a.lr)
     state = opt.init(params)

@@ -13,6 +13,7 @@ from composer_jax.data import special_tokens as st
 from composer_jax.data.errors import DataError
 from composer_jax.data.loaders import make_eval_batches, make_sft_iterator, make_train_iterator
 from composer_jax.data.shards import build_or_load_shards
+from composer_jax.errors import ConfigError
 
 KEYS = {"tokens": np.int32, "positions": np.int32, "segment_ids": np.int32, "targets": np.int32,
         "loss_mask": np.float32, "mtp_targets": np.int32, "mtp_mask": np.float32}
@@ -203,7 +204,6 @@ def test_copy_rows_from_random_ids(small_data):
 def test_copy_settings_that_would_do_nothing_are_refused(small_data):
     """copy_source / copy_random_ids without copy rows, copy_random_ids on code sources, and copy
     rows in SFT batches are errors, not silent no-ops."""
-    from composer_jax.errors import ConfigError
     cfg, corpus, tok = small_data
     for bad in ({"copy_source": "random"}, {"copy_random_ids": 64},
                 {"copy_rows": 0.5, "copy_random_ids": 64}):
