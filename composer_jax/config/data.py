@@ -68,7 +68,10 @@ class DataConfig:
     for ENV_ORACLE); the docstring source's filters `sft_min_docstring_chars`, `sft_max_function_lines`;
     `sft_hasty`: the fraction of a ladder pool's training tasks (chosen by a hash of the task id) that
     get, besides their careful oracle demonstration, a hasty one (run the failing test, then finish
-    claiming a fix without editing: a planted habit for RL to remove, `data.sft_env.hasty_messages`).
+    claiming a fix without editing: a planted habit for RL to remove, `data.sft_env.hasty_messages`);
+    `sft_renames`: that many extra copies of each careful ladder demonstration with its copied names
+    and read line numbers replaced at random (`data.sft_rename`), so the samples cannot be imitated
+    by recalling the training tasks, only by copying from the context.
     """
 
     # --- corpus ---
@@ -118,6 +121,8 @@ class DataConfig:
     sft_min_docstring_chars: int = 24
     sft_max_function_lines: int = 60
     sft_hasty: float = 0.0              # ladder pools: share of tasks with an extra hasty demonstration
+    sft_renames: int = 0                # ladder pools: renamed copies per careful demonstration
+                                        # (`data.sft_rename`: imitating them needs copying)
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)
     sft_declare_tools: bool = True      # declare tools in the samples' prompt at all (the `sft`
@@ -168,7 +173,7 @@ _INT_MINIMUMS = {
     "max_files": 0, "min_file_bytes": 0, "max_line_length": 1, "max_mean_line_length": 1, "minhash_perms": 1,
     "minhash_bands": 1, "shingle_size": 1, "build_workers": 0, "vocab_size": 512, "tokenizer_train_bytes": 1,
     "seq_len": 2, "global_batch_size": 1, "num_threads": 0, "prefetch_buffer_size": 0, "num_workers": 0,
-    "eval_max_batches": 0, "copy_random_ids": 0, "sft_max_samples": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
+    "eval_max_batches": 0, "copy_random_ids": 0, "sft_max_samples": 0, "sft_renames": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
 }
 _FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),
               "validation_fraction": (False, False), "sft_hasty": (True, False),

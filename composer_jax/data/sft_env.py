@@ -26,6 +26,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
+import random
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from composer_jax.data import chat, shards
 from composer_jax.data.cache import build_once, stable_hash
 from composer_jax.data.config import DataConfig, resolved_cache_dir
 from composer_jax.data.errors import DataError
+from composer_jax.data.sft_rename import name_pool, renamed_messages
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.protocol import parse_assistant, render_assistant
 from composer_jax.env.tasks.ladder_plan import LADDER_KINDS, PLAN_VERSION, oracle_agent
@@ -161,7 +164,8 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
                        "tools": tools, "template": chat.template_fingerprint(),
                        "max_samples": cfg.sft_max_samples, "v": 1, "plan": PLAN_VERSION,
-                       **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {})})
+                       **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
+                       **({"renames": cfg.sft_renames, "rename_v": 1} if cfg.sft_renames else {})})
 
     def build(out: Path) -> None:
         if episode_loop is None:
@@ -169,8 +173,10 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                             "them runs the agent's episode loop, which was not given: run `python "
                             "launch.py --experiment=sft` with this data config (it builds them), or pass "
                             "episode_loop=composer_jax.agent.episode.run_episode")
-        counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0, "hasty": 0}
+        counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0, "hasty": 0,
+                  "renamed": 0}
         skipped: list[str] = []
+        names = replacement_names(cfg.sft_pool) if cfg.sft_renames else []
 
         def docs():
             workers = cfg.build_workers or 2
@@ -187,6 +193,12 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     if hasty is not None:
                         counts["hasty"] += 1
                         samples.append(chat.encode_messages(tokenizer, hasty, tools))
+                if task.kind in LADDER_KINDS:
+                    for k in range(cfg.sft_renames):
+                        rng = random.Random(f"{task.task_id}/rename/{k}")
+                        renamed = renamed_messages(episode_messages(episode), names, rng)
+                        counts["renamed"] += 1
+                        samples.append(chat.encode_messages(tokenizer, renamed, tools))
                 for s in samples:
                     counts["samples"] += 1
                     counts["sample_tokens"] += len(s[0])
@@ -203,6 +215,17 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
 
     directory, _ = build_once(resolved_cache_dir(cfg), "sft_env", key, build)
     return shards.TokenStore(directory, "sft")
+
+
+def replacement_names(pool_dir: str | Path) -> list[str]:
+    """The names renamed demonstrations draw from (`data.sft_rename.name_pool`): identifiers of the
+    training tasks' snapshots, none containing a held-out module's name."""
+    pool = TaskPool(Path(pool_dir).expanduser())
+    tasks = pool.tasks()
+    heldout = {part for t in tasks if t.split != TRAIN_SPLIT for part in re.split(r"[./]", t.module)}
+    texts = (p.read_text(encoding="utf-8", errors="replace") for t in tasks if t.split == TRAIN_SPLIT
+             for p in sorted((pool.task_dir(t.task_id) / "snapshot").rglob("*.py")))
+    return name_pool(texts, heldout)
 
 
 def _why_skipped(episode) -> str:
