@@ -13,12 +13,17 @@ and the final `finish` call, rendered and masked by `composer_jax.data.chat` (lo
 bodies only). Other episodes are skipped and counted. With `data.sft_hasty` > 0, that fraction of a ladder
 pool's training tasks (by a hash of the task id) also gives a hasty sample (`hasty_messages`: the
 first tool call and its result, then `finish` with nothing edited), the planted habit RL removes.
+With `data.sft_renames` = K, each careful ladder demonstration also gives K renamed copies
+(`data.sft_rename.renamed_messages`: the names its calls copy and the line it reads replaced
+consistently by identifiers of the training tasks' sources, `replacement_names`), which can be
+imitated only by copying from the context.
 
 Samples are cached like the docstring ones (`<cache>/sft_env/<key>/`, one TokenStore "sft" with a
 trainable mask, plus `info.json` with the counts), keyed by the pool's manifest, the tokenizer, the
 tool declarations, the chat template, `sft_max_samples` (> 0: only the first that many training
-tasks) and `sft_hasty` (when > 0), so the episodes run once per pool and tokenizer. The environment settings (sandbox, limits)
-shape only tool-output text and are not part of the key.
+tasks), `sft_hasty` and `sft_renames` (when > 0), so the episodes run once per pool and
+tokenizer. The environment settings (sandbox, limits) shape only tool-output text and are not part
+of the key.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from composer_jax.config import Config, RLConfig
 from composer_jax.config.rl import CodingTaskConfig
 from composer_jax.data.chat import encode_messages, encode_prompt
 from composer_jax.data.config import SplitPattern
-from composer_jax.data.sft_env import hasty_messages
+from composer_jax.data.sft_env import hasty_messages, replacement_names
+from composer_jax.data.sft_rename import renamed_messages
 from composer_jax.data.tokenizer import train_tokenizer
 from composer_jax.env import protocol as p
 from composer_jax.env.config import EnvConfig
@@ -73,9 +74,10 @@ def _tokenizer(pool: TaskPool):
     return train_tokenizer(texts, 1024, SplitPattern.KIMI)
 
 
-def _episode_row(tok, pool: TaskPool, task: Task, hasty: bool = False) -> list[int]:
+def _episode_row(tok, pool: TaskPool, task: Task, hasty: bool = False, rename: int = -1) -> list[int]:
     """An SFT row of the scripted ladder episode of `task`: statement, every planned call, and as
-    tool results a traceback naming the module and the module's whole text (a read of it)."""
+    tool results a traceback naming the module and the module's whole text (a read of it).
+    `hasty`: data.sft_hasty's variant; `rename` >= 0: data.sft_renames' variant with that seed."""
     d = pool.task_dir(task.task_id)
     module = (d / "snapshot" / task.edit_files[0]).read_text()
     messages = [{"role": "system", "content": p.SYSTEM_PROMPT},
@@ -83,12 +85,16 @@ def _episode_row(tok, pool: TaskPool, task: Task, hasty: bool = False) -> list[i
     coder = ScriptedCoder(ladder_plan(task, d))
     assert [c[0] for c in coder.plan[:2]] == ["run_terminal_cmd", "read_file"]
     for k in range(len(coder.plan)):
-        messages.append({"role": "assistant", "content": "", "raw": coder(messages)})
+        turn = p.parse_assistant(coder(messages), first_index=k)
+        messages.append({"role": "assistant", "content": turn.content,
+                         "tool_calls": [c.to_json() for c in turn.tool_calls]})
         result = (f'  File "/workspace/{task.edit_files[0]}", line 3, in f\nNameError'
                   if k == 0 else module if k == 1 else "ok")
         messages.append({"role": "tool", "tool_call_id": f"functions.x:{k}", "content": result})
-    if hasty:                                   # data.sft_hasty's variant of the same episode
+    if hasty:
         messages = hasty_messages(messages)
+    if rename >= 0:
+        messages = renamed_messages(messages, replacement_names(pool.root), random.Random(rename))
     return encode_messages(tok, messages, TOOL_SPECS)[0]
 
 
@@ -129,6 +135,9 @@ def test_heldout_modules_never_in_training_rows_on_token_ids(tmp_path):
     by_id = {t.task_id: t for t in pool.tasks()}
     train = [by_id[i] for i in fam.make_tasks("train")]
     rows = [_episode_row(tok, pool, t, hasty) for t in train for hasty in (False, True)]  # SFT rows
+    renamed = [_episode_row(tok, pool, t, rename=k) for t in train for k in range(3)]   # data.sft_renames
+    assert all(r not in rows for r in renamed) and len(set(map(tuple, renamed))) == len(renamed)
+    rows += renamed
     rows += [encode_prompt(tok, [{"role": "system", "content": p.SYSTEM_PROMPT},
                                  {"role": "user", "content": t.problem_statement}], TOOL_SPECS)
              for t in train]                                                  # RL prompts
