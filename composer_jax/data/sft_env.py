@@ -198,10 +198,10 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     if hasty is not None:
                         counts["hasty"] += 1
                         samples.append(chat.encode_messages(tokenizer, hasty, tools))
-                if task.kind in LADDER_KINDS:
+                if task.kind in LADDER_KINDS and cfg.sft_renames:
+                    careful = episode_messages(episode)
                     for k in range(cfg.sft_renames):
-                        rng = random.Random(f"{task.task_id}/rename/{k}")
-                        renamed = renamed_messages(episode_messages(episode), names, rng)
+                        renamed = renamed_messages(careful, names, random.Random(f"{task.task_id}/rename/{k}"))
                         counts["renamed"] += 1
                         samples.append(chat.encode_messages(tokenizer, renamed, tools))
                 for s in samples:

@@ -49,6 +49,13 @@ def argument_strings(value) -> Iterable[str]:
             yield from argument_strings(v)
 
 
+def assistant_calls(messages: Sequence[dict]) -> Iterable[dict]:
+    """The tool calls of the assistant turns, in order."""
+    for m in messages:
+        if m["role"] == "assistant":
+            yield from m.get("tool_calls") or ()
+
+
 def known_names(messages: Sequence[dict]) -> set[str]:
     """Names an edit brings in that nothing before it showed (a keyword argument's right spelling
     with no hint: knowledge, not a copy), with the names it removes. Renaming them would make the
@@ -74,27 +81,21 @@ def copied_names(messages: Sequence[dict]) -> list[str]:
     names an edit knows rather than copies (`known_names`)."""
     keep = KEEP | known_names(messages)
     seen: dict[str, None] = {}
-    for m in messages:
-        if m["role"] != "assistant":
-            continue
-        for call in m.get("tool_calls") or ():
-            for s in argument_strings(call.get("arguments")):
-                for word in IDENT.findall(s):
-                    if word not in keep:
-                        seen.setdefault(word)
+    for call in assistant_calls(messages):
+        for s in argument_strings(call.get("arguments")):
+            seen.update((word, None) for word in IDENT.findall(s) if word not in keep)
     return list(seen)
 
 
 def read_lines(messages: Sequence[dict]) -> list[int]:
     """The line numbers the assistant's `read_file` calls ask for (>= MIN_LINE)."""
-    out = []
-    for m in messages:
-        for call in (m.get("tool_calls") or ()) if m["role"] == "assistant" else ():
-            if call.get("name") == "read_file":
-                args = call.get("arguments") or {}
-                out += [v for k in ("start_line", "end_line") if isinstance(v := args.get(k), int)
-                        and not isinstance(v, bool) and v >= MIN_LINE]
-    return sorted(set(out))
+    out = set()
+    for call in assistant_calls(messages):
+        if call.get("name") == "read_file":
+            args = call.get("arguments") or {}
+            out.update(v for k in ("start_line", "end_line") if isinstance(v := args.get(k), int)
+                       and not isinstance(v, bool) and v >= MIN_LINE)
+    return sorted(out)
 
 
 def _substitute(text: str, names: dict[str, str], numbers: dict[int, int]) -> str:
