@@ -1,8 +1,8 @@
 """Episodes/s of the coding family's environment on ladder tasks: scripted oracle episodes.
 
 Each episode is `agent.episode.run_episode` with the ladder's scripted oracle
-(`env.tasks.ladder_plan.LadderOracleAgent`: run the failing test, read the broken line's window, the
-reference fix through the tools, run the tests, finish) in a fresh bubblewrap sandbox over the task's snapshot, graded by
+(`env.tasks.ladder_plan.LadderOracleAgent`: run the tests, read the failure (and the broken line's
+window where the output does not show it), the reference fix through the tools, run the tests, finish) in a fresh bubblewrap sandbox over the task's snapshot, graded by
 the environment's grader -- everything of a coding RL episode but the policy's tokens (the SFT data
 of `data/sft_env.py` is made of exactly these episodes). The same tasks run with 1 thread, then
 with `--threads` threads, in one process (absolute times on a shared 2-core machine mean little;

@@ -3,7 +3,7 @@
 For each training task of a task pool (`env_generate` writes one; tasks whose `split` is not "train"
 -- evaluation tasks from held-out modules -- are never used), the scripted oracle agent
 (`env.agents.OracleAgent`; for ladder tasks `env.tasks.ladder_plan.LadderOracleAgent`, which runs the
-failing test and reads the broken line first) applies the reference fix through the tools in a sandboxed workspace
+tests and reads the failure before it edits) applies the reference fix through the tools in a sandboxed workspace
 (the agent's episode loop, `agent.episode.run_episode`, which the caller passes in: the data layer
 sits below the agent and does not import it; bubblewrap, or the fallback with its loud warning). A
 resolved episode

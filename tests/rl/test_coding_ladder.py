@@ -23,14 +23,13 @@ from composer_jax.env.pythons import find_pythons
 from composer_jax.env.tasks import ladder_sites, mutate, statements
 from composer_jax.env.tasks.ladder_disjoint import find_leaks, heldout_signatures
 from composer_jax.env.tasks.ladder_generate import level_kind
-from composer_jax.env.tasks.ladder_plan import ladder_plan
+from composer_jax.env.tasks.ladder_plan import last_frame, ladder_plan, oracle_agent, traceback_edit
 from composer_jax.env.tasks.ladder_split import split_of
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tasks.task import Task, unified_patch
 from composer_jax.env.tools import TOOL_SPECS
 from composer_jax.errors import ConfigError
 from composer_jax.rl.tasks.coding import CodingFamily, interleave
-from composer_jax.rl.tasks.coding_scripted import ScriptedCoder
 
 # small stdlib modules on both sides of the split (heldout.py's three, and seed 0's hash)
 MODULES = ("getopt", "glob", "fnmatch", "textwrap", "colorsys", "shlex")
@@ -74,22 +73,31 @@ def _tokenizer(pool: TaskPool):
     return train_tokenizer(texts, 1024, SplitPattern.KIMI)
 
 
+def _traceback(task: Task, d: pathlib.Path) -> str:
+    """The tail of a failing run as CPython prints it: the broken line's frame for a level-1
+    one-line fix (so the oracle takes the short episode), else a frame of the module's line 3."""
+    rel, line, old, _ = traceback_edit(task, d) or (task.edit_files[0], 3, "f()", "")
+    return f'  File "/workspace/{rel}", line {line}, in f\n    {old}\nNameError: name'
+
+
 def _episode_row(tok, pool: TaskPool, task: Task, hasty: bool = False, rename: int = -1) -> list[int]:
-    """An SFT row of the scripted ladder episode of `task`: statement, every planned call, and as
-    tool results a traceback naming the module and the module's whole text (a read of it).
-    `hasty`: data.sft_hasty's variant; `rename` >= 0: data.sft_renames' variant with that seed."""
+    """An SFT row of the oracle's ladder episode of `task` (`oracle_agent`, as the SFT builder
+    plays it): statement, every call, and as tool results a traceback (`_traceback`), the module's
+    whole text for a read, "ok" for the rest. `hasty`: data.sft_hasty's variant; `rename` >= 0:
+    data.sft_renames' variant with that seed."""
     d = pool.task_dir(task.task_id)
     module = (d / "snapshot" / task.edit_files[0]).read_text()
     messages = [{"role": "system", "content": p.SYSTEM_PROMPT},
                 {"role": "user", "content": task.problem_statement}]
-    coder = ScriptedCoder(ladder_plan(task, d))
-    assert [c[0] for c in coder.plan[:2]] == ["run_terminal_cmd", "read_file"]
-    for k in range(len(coder.plan)):
-        turn = p.parse_assistant(coder(messages), first_index=k)
+    agent = oracle_agent(task, d)
+    for k in itertools.count():
+        turn = p.parse_assistant(agent(messages), first_index=k)
         messages.append({"role": "assistant", "content": turn.content,
                          "tool_calls": [c.to_json() for c in turn.tool_calls]})
-        result = (f'  File "/workspace/{task.edit_files[0]}", line 3, in f\nNameError'
-                  if k == 0 else module if k == 1 else "ok")
+        name = turn.tool_calls[0].name
+        if name == "finish":
+            break
+        result = (_traceback(task, d) if k == 0 else module if name == "read_file" else "ok")
         messages.append({"role": "tool", "tool_call_id": f"functions.x:{k}", "content": result})
     if hasty:
         messages = hasty_messages(messages)
@@ -170,6 +178,52 @@ def test_ladder_plan_reruns_step_ones_test_in_a_short_turn(tmp_path):
         text = p.render_assistant("", [plan[-2]], first_index=len(plan) - 2)
         assert len(tok.encode(text)) < 120
     assert one_line_reads > 0
+
+
+def _calls(agent, outputs: list[str]) -> list[tuple[str, dict]]:
+    """The calls `agent` makes when its tool results are `outputs` in turn (then "ok")."""
+    messages, calls = [{"role": "system", "content": p.SYSTEM_PROMPT}, {"role": "user", "content": "fix"}], []
+    for k in range(8):
+        call = p.parse_assistant(agent(messages), first_index=k).tool_calls[0]
+        calls.append((call.name, call.arguments))
+        if call.name == "finish":
+            break
+        messages += [{"role": "assistant", "content": ""},
+                     {"role": "tool", "content": outputs[k] if k < len(outputs) else "ok"}]
+    return calls
+
+
+def test_level1_oracle_edits_the_line_its_traceback_shows_else_runs_the_failing_test(tmp_path):
+    pool = _pool(tmp_path)
+    short = 0
+    for task in pool.tasks():
+        d = pool.task_dir(task.task_id)
+        edit = traceback_edit(task, d)
+        if task.kind != "level1":
+            assert edit is None and _calls(oracle_agent(task, d), []) == ladder_plan(task, d)
+            continue
+        if edit is None:
+            continue
+        rel, line, old, new = edit
+        before = (d / "snapshot" / rel).read_text()
+        after = (d / "solution" / rel).read_text()
+        assert before.count(old) == 1 and before.replace(old, new) == after     # the stripped edit is the fix
+        shown = f'Traceback:\n  File "/workspace/{rel}", line {line}, in f\n    {old}\n    ^^^\nNameError: x'
+        assert last_frame("  File \"/workspace/t.py\", line 9, in g\n    g()\n" + shown) == (rel, line, old)
+        calls = _calls(oracle_agent(task, d), [shown])
+        assert calls == [("run_terminal_cmd", {"command": "python -m unittest 2>&1 | tail -n 12"}),
+                         ("search_replace", {"file_path": rel, "old_string": old, "new_string": new}),
+                         ("run_terminal_cmd", {"command": "python -m unittest 2>&1 | tail -n 3"}),
+                         ("finish", {"message": "Fixed; the failing tests pass now."})]
+        short += 1
+        # the suite's tail ends in another failure (or a frame of another line): the careful plan,
+        # which runs the first failing test by id and reads the line, after the suite run
+        for other in ("FAIL: test_x\nAssertionError: 1 != 2",
+                      shown.replace(f"line {line},", f"line {line + 1},")):
+            calls = _calls(oracle_agent(task, d), [other])
+            assert calls[0][1]["command"] == "python -m unittest 2>&1 | tail -n 12"
+            assert calls[1:] == ladder_plan(task, d)
+    assert short >= 3
 
 
 def test_prompt_tools_shorten_the_prompt_and_follow_the_policys_sft(tmp_path):

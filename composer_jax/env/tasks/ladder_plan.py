@@ -11,24 +11,39 @@
   4. run the test of step 1 again (the same command but the tail: 50-70 tokens to generate; the
      list of every failing test id, up to 20, made this turn up to 420 tokens);
   5. `finish`.
-`LadderOracleAgent` plays it with the `OracleAgent` interface (`messages -> assistant text`), so
-SFT samples (`data/sft_env.py`) and scripted RL episodes (`rl.tasks.coding_scripted`) of ladder
-tasks demonstrate reading the failure and the code before editing; `oracle_agent` picks it for
-ladder tasks and `OracleAgent` for the others.
+`LadderOracleAgent` plays a ladder task with the `OracleAgent` interface (`messages -> assistant
+text`), so SFT samples (`data/sft_env.py`) of ladder tasks demonstrate reading the failure before
+editing. A level-1 one-line fix whose broken line CPython's traceback shows (`traceback_edit`)
+gets the short episode a careful engineer uses when the output already shows the line:
+
+  1. run the whole suite (`python -m unittest`, discovery in the workspace: a constant command,
+     nothing to copy) and show the end of its output;
+  2. if its last traceback frame is the broken line (`last_frame`: file, number, source as CPython
+     prints it, stripped), one `search_replace` of that shown source (unique in the file) by the
+     fixed one: the file and the old string are copies from the output just above, the new string
+     that copy with the hinted name; otherwise (the tail ends in another test's failure) the plan
+     above from step 1, which runs the first failing test by id;
+  3. run the suite again (its verdict), 4. `finish`.
+
+Scripted RL episodes (`rl.tasks.coding_scripted`) replay `ladder_plan`. `oracle_agent` picks
+`LadderOracleAgent` for ladder tasks and `OracleAgent` for the others.
 """
 from __future__ import annotations
 
 import pathlib
+import re
 
 from composer_jax.env.agents import OracleAgent, edit_plan
 from composer_jax.env.protocol import render_assistant
 from composer_jax.env.tasks.task import Task, read_files
 
 LADDER_KINDS = ("level1", "level2")
-PLAN_VERSION = 2     # bump when the plan changes: SFT stores built from the old plan are rebuilt
+PLAN_VERSION = 3     # bump when the plan changes: SFT stores built from the old plan are rebuilt
 CONTEXT = 6          # lines shown before and after the broken line
 OUTPUT_LINES = 12    # the end of the failing test's output shown in step 1
 RERUN_LINES = 3      # step 4 reruns step 1's test and shows its verdict
+SUITE = "python -m unittest"                 # the whole suite by discovery in /workspace
+FRAME = re.compile(r'File "/workspace/([^"]+)", line (\d+)')
 
 
 def first_changed_line(before: str, after: str) -> int:
@@ -62,17 +77,67 @@ def ladder_plan(task: Task, task_dir) -> list[tuple[str, dict]]:
     return plan
 
 
+def last_frame(output: str) -> tuple[str, int, str] | None:
+    """(file relative to /workspace, line number, source line stripped) of the last traceback frame
+    in a tool output that names a workspace file; None when there is none."""
+    lines = output.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = FRAME.search(lines[i])
+        if m:
+            return m.group(1), int(m.group(2)), lines[i + 1].strip() if i + 1 < len(lines) else ""
+    return None
+
+
+def traceback_edit(task: Task, task_dir) -> tuple[str, int, str, str] | None:
+    """(file, line, old, new) of a level-1 task whose reference fix changes one line, with `old` and
+    `new` that line before and after, stripped as a traceback prints it; None when the fix is not
+    one line or the stripped old line is not unique in the file (a `search_replace` of it would be
+    ambiguous)."""
+    if task.kind != "level1" or len(task.edit_files) != 1:
+        return None
+    task_dir = pathlib.Path(task_dir)
+    rel = task.edit_files[0]
+    before = read_files(task_dir / "snapshot", [rel])[rel]
+    after = read_files(task_dir / "solution", [rel])[rel]
+    b, a = before.splitlines(), after.splitlines()
+    if len(a) != len(b) or sum(x != y for x, y in zip(a, b)) != 1:
+        return None
+    line = first_changed_line(before, after)
+    old, new = b[line - 1].strip(), a[line - 1].strip()
+    if not old or before.count(old) != 1:
+        return None
+    return rel, line, old, new
+
+
+def suite_command(lines: int) -> dict:
+    return {"command": f"{SUITE} 2>&1 | tail -n {lines}"}
+
+
 class LadderOracleAgent:
-    """Plays `ladder_plan` one call per turn (the `OracleAgent` interface)."""
+    """Plays a ladder task one call per turn (the `OracleAgent` interface; module docstring): the
+    short traceback episode when `traceback_edit` applies and the suite's output shows the broken
+    line, else `ladder_plan`."""
 
     def __init__(self, task: Task, task_dir):
         self.plan = ladder_plan(task, task_dir)
-        self.step = 0
+        self.edit = traceback_edit(task, task_dir)
+        self.queue = [("run_terminal_cmd", suite_command(OUTPUT_LINES))] if self.edit else list(self.plan)
+        self.last = self.queue[0]
 
     def __call__(self, messages: list[dict]) -> str:
-        name, args = self.plan[min(self.step, len(self.plan) - 1)]
-        self.step += 1
-        return render_assistant("", [(name, args)], first_index=self.step - 1)
+        turn = sum(m["role"] == "assistant" for m in messages)
+        if self.edit and turn == 1:
+            rel, line, old, new = self.edit
+            output = next((str(m.get("content", "")) for m in reversed(messages) if m["role"] == "tool"), "")
+            if last_frame(output) == (rel, line, old):
+                self.queue = [("search_replace", {"file_path": rel, "old_string": old, "new_string": new}),
+                              ("run_terminal_cmd", suite_command(RERUN_LINES)),
+                              ("finish", {"message": "Fixed; the failing tests pass now."})]
+            else:
+                self.queue = list(self.plan)
+        if self.queue:
+            self.last = self.queue.pop(0)
+        return render_assistant("", [self.last], first_index=turn)
 
 
 def oracle_agent(task: Task, task_dir):
