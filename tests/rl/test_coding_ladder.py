@@ -23,7 +23,8 @@ from composer_jax.env.pythons import find_pythons
 from composer_jax.env.tasks import ladder_sites, mutate, statements
 from composer_jax.env.tasks.ladder_disjoint import find_leaks, heldout_signatures
 from composer_jax.env.tasks.ladder_generate import level_kind
-from composer_jax.env.tasks.ladder_plan import last_frame, ladder_plan, oracle_agent, traceback_edit
+from composer_jax.env.tasks.ladder_plan import (last_frame, ladder_plan, oracle_agent, renamed_name,
+                                                 traceback_edit)
 from composer_jax.env.tasks.ladder_split import split_of
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tasks.task import Task, unified_patch
@@ -76,7 +77,7 @@ def _tokenizer(pool: TaskPool):
 def _traceback(task: Task, d: pathlib.Path) -> str:
     """The tail of a failing run as CPython prints it: the broken line's frame for a level-1
     one-line fix (so the oracle takes the short episode), else a frame of the module's line 3."""
-    rel, line, old, _ = traceback_edit(task, d) or (task.edit_files[0], 3, "f()", "")
+    rel, line, old = (traceback_edit(task, d) or (task.edit_files[0], 3, "f()"))[:3]
     return f'  File "/workspace/{rel}", line {line}, in f\n    {old}\nNameError: name'
 
 
@@ -195,7 +196,7 @@ def _calls(agent, outputs: list[str]) -> list[tuple[str, dict]]:
 
 def test_level1_oracle_edits_the_line_its_traceback_shows_else_runs_the_failing_test(tmp_path):
     pool = _pool(tmp_path)
-    short = 0
+    short = names = 0
     for task in pool.tasks():
         d = pool.task_dir(task.task_id)
         edit = traceback_edit(task, d)
@@ -204,12 +205,14 @@ def test_level1_oracle_edits_the_line_its_traceback_shows_else_runs_the_failing_
             continue
         if edit is None:
             continue
-        rel, line, old, new = edit
+        rel, line, src, fixed, old, new = edit
         before = (d / "snapshot" / rel).read_text()
         after = (d / "solution" / rel).read_text()
-        assert before.count(old) == 1 and before.replace(old, new) == after     # the stripped edit is the fix
-        shown = f'Traceback:\n  File "/workspace/{rel}", line {line}, in f\n    {old}\n    ^^^\nNameError: x'
-        assert last_frame("  File \"/workspace/t.py\", line 9, in g\n    g()\n" + shown) == (rel, line, old)
+        assert before.count(src) == 1 and before.replace(src, fixed) == after   # the stripped line's edit
+        assert before.count(old) == 1 and before.replace(old, new) == after     # the call's edit
+        names += (old, new) != (src, fixed)
+        shown = f'Traceback:\n  File "/workspace/{rel}", line {line}, in f\n    {src}\n    ^^^\nNameError: x'
+        assert last_frame("  File \"/workspace/t.py\", line 9, in g\n    g()\n" + shown) == (rel, line, src)
         calls = _calls(oracle_agent(task, d), [shown])
         assert calls == [("run_terminal_cmd", {"command": "python -m unittest 2>&1 | tail -n 12"}),
                          ("search_replace", {"file_path": rel, "old_string": old, "new_string": new}),
@@ -223,7 +226,10 @@ def test_level1_oracle_edits_the_line_its_traceback_shows_else_runs_the_failing_
             calls = _calls(oracle_agent(task, d), [other])
             assert calls[0][1]["command"] == "python -m unittest 2>&1 | tail -n 12"
             assert calls[1:] == ladder_plan(task, d)
-    assert short >= 3
+    assert short >= 3 and names >= 1
+    assert renamed_name("f(a, dir_fdd=d)", "f(a, dir_fd=d)", "x = f(a, dir_fdd=d)\n") == ("dir_fdd", "dir_fd")
+    assert renamed_name("f(nde.x)", "f(node.x)", "f(nde.x)\nindex\n") is None     # "nde" in "index"
+    assert renamed_name("f(a, b)", "f(b, a)", "f(a, b)") is None                       # two names changed
 
 
 def test_prompt_tools_shorten_the_prompt_and_follow_the_policys_sft(tmp_path):

@@ -19,10 +19,11 @@ gets the short episode a careful engineer uses when the output already shows the
   1. run the whole suite (`python -m unittest`, discovery in the workspace: a constant command,
      nothing to copy) and show the end of its output;
   2. if its last traceback frame is the broken line (`last_frame`: file, number, source as CPython
-     prints it, stripped), one `search_replace` of that shown source (unique in the file) by the
-     fixed one: the file and the old string are copies from the output just above, the new string
-     that copy with the hinted name; otherwise (the tail ends in another test's failure) the plan
-     above from step 1, which runs the first failing test by id;
+     prints it, stripped), one `search_replace` in that file of the broken name by the right one
+     when the broken name occurs once in the file (the name the error message quotes, the right
+     one CPython's "Did you mean" hint names or the line itself shows), else of the shown source
+     line by the fixed one; otherwise (the tail ends in another test's failure) the plan above
+     from step 1, which runs the first failing test by id;
   3. run the suite again (its verdict), 4. `finish`.
 
 Scripted RL episodes (`rl.tasks.coding_scripted`) replay `ladder_plan`. `oracle_agent` picks
@@ -38,11 +39,12 @@ from composer_jax.env.protocol import render_assistant
 from composer_jax.env.tasks.task import Task, read_files
 
 LADDER_KINDS = ("level1", "level2")
-PLAN_VERSION = 3     # bump when the plan changes: SFT stores built from the old plan are rebuilt
+PLAN_VERSION = 4     # bump when the plan changes: SFT stores built from the old plan are rebuilt
 CONTEXT = 6          # lines shown before and after the broken line
 OUTPUT_LINES = 12    # the end of the failing test's output shown in step 1
 RERUN_LINES = 3      # step 4 reruns step 1's test and shows its verdict
 SUITE = "python -m unittest"                 # the whole suite by discovery in /workspace
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FRAME = re.compile(r'File "/workspace/([^"]+)", line (\d+)')
 
 
@@ -88,11 +90,25 @@ def last_frame(output: str) -> tuple[str, int, str] | None:
     return None
 
 
-def traceback_edit(task: Task, task_dir) -> tuple[str, int, str, str] | None:
-    """(file, line, old, new) of a level-1 task whose reference fix changes one line, with `old` and
-    `new` that line before and after, stripped as a traceback prints it; None when the fix is not
-    one line or the stripped old line is not unique in the file (a `search_replace` of it would be
-    ambiguous)."""
+def renamed_name(old_line: str, new_line: str, text: str) -> tuple[str, str] | None:
+    """(broken, right) when `new_line` is `old_line` with one identifier replaced and the broken
+    one occurs exactly once in `text` (so a `search_replace` of the name alone is the fix)."""
+    a, b = IDENT.findall(old_line), IDENT.findall(new_line)
+    diff = [(x, y) for x, y in zip(a, b) if x != y]
+    if len(a) != len(b) or len(diff) != 1:
+        return None
+    broken, right = diff[0]
+    if text.count(broken) != 1 or old_line.replace(broken, right, 1) != new_line:
+        return None
+    return broken, right
+
+
+def traceback_edit(task: Task, task_dir) -> tuple[str, int, str, str, str, str] | None:
+    """(file, line, shown, fixed, old, new) of a level-1 task whose reference fix changes one line:
+    `shown` and `fixed` that line before and after, stripped as a traceback prints it; `old` and
+    `new` what the `search_replace` writes (`renamed_name`'s pair, else `shown` and `fixed`). None
+    when the fix is not one line or `shown` is not unique in the file (a `search_replace` of it
+    would be ambiguous)."""
     if task.kind != "level1" or len(task.edit_files) != 1:
         return None
     task_dir = pathlib.Path(task_dir)
@@ -106,7 +122,7 @@ def traceback_edit(task: Task, task_dir) -> tuple[str, int, str, str] | None:
     old, new = b[line - 1].strip(), a[line - 1].strip()
     if not old or before.count(old) != 1:
         return None
-    return rel, line, old, new
+    return rel, line, old, new, *(renamed_name(old, new, before) or (old, new))
 
 
 def suite_command(lines: int) -> dict:
@@ -127,9 +143,9 @@ class LadderOracleAgent:
     def __call__(self, messages: list[dict]) -> str:
         turn = sum(m["role"] == "assistant" for m in messages)
         if self.edit and turn == 1:
-            rel, line, old, new = self.edit
+            rel, line, shown, _, old, new = self.edit
             output = next((str(m.get("content", "")) for m in reversed(messages) if m["role"] == "tool"), "")
-            if last_frame(output) == (rel, line, old):
+            if last_frame(output) == (rel, line, shown):
                 self.queue = [("search_replace", {"file_path": rel, "old_string": old, "new_string": new}),
                               ("run_terminal_cmd", suite_command(RERUN_LINES)),
                               ("finish", {"message": "Fixed; the failing tests pass now."})]
