@@ -46,6 +46,7 @@ RERUN_LINES = 3      # step 4 reruns step 1's test and shows its verdict
 SUITE = "python -m unittest"                 # the whole suite by discovery in /workspace
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FRAME = re.compile(r'File "/workspace/([^"]+)", line (\d+)')
+FINISH = {"message": "Fixed; the failing tests pass now."}
 
 
 def first_changed_line(before: str, after: str) -> int:
@@ -75,7 +76,7 @@ def ladder_plan(task: Task, task_dir) -> list[tuple[str, dict]]:
     plan += edits
     plan.append(("run_terminal_cmd", {"command": f"python -m unittest {visible[0]} 2>&1 | "
                                                  f"tail -n {RERUN_LINES}"}))
-    plan.append(("finish", {"message": "Fixed; the failing tests pass now."}))
+    plan.append(("finish", FINISH))
     return plan
 
 
@@ -126,6 +127,7 @@ def traceback_edit(task: Task, task_dir) -> tuple[str, int, str, str, str, str] 
 
 
 def suite_command(lines: int) -> dict:
+    """`run_terminal_cmd` arguments that run the whole suite and show the last `lines` lines."""
     return {"command": f"{SUITE} 2>&1 | tail -n {lines}"}
 
 
@@ -148,7 +150,7 @@ class LadderOracleAgent:
             if last_frame(output) == (rel, line, shown):
                 self.queue = [("search_replace", {"file_path": rel, "old_string": old, "new_string": new}),
                               ("run_terminal_cmd", suite_command(RERUN_LINES)),
-                              ("finish", {"message": "Fixed; the failing tests pass now."})]
+                              ("finish", FINISH)]
             else:
                 self.queue = list(self.plan)
         if self.queue:
