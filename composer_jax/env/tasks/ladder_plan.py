@@ -57,11 +57,16 @@ def first_changed_line(before: str, after: str) -> int:
     return 1
 
 
-def ladder_plan(task: Task, task_dir) -> list[tuple[str, dict]]:
-    """The tool calls of a ladder task's scripted episode (module docstring)."""
+def sources(task: Task, task_dir) -> tuple[dict[str, str], dict[str, str]]:
+    """The task's edit files before (snapshot) and after (solution) the reference fix."""
     task_dir = pathlib.Path(task_dir)
-    before = read_files(task_dir / "snapshot", task.edit_files)
-    after = read_files(task_dir / "solution", task.edit_files)
+    return read_files(task_dir / "snapshot", task.edit_files), read_files(task_dir / "solution", task.edit_files)
+
+
+def ladder_plan(task: Task, task_dir, texts=None) -> list[tuple[str, dict]]:
+    """The tool calls of a ladder task's scripted episode (module docstring); `texts`: `sources`
+    when the caller has read them already."""
+    before, after = texts or sources(task, task_dir)
     visible = [t for t in task.fail_to_pass if t not in task.held_back] or list(task.fail_to_pass)
     rel = task.edit_files[0]
     line = first_changed_line(before[rel], after[rel])
@@ -104,22 +109,21 @@ def renamed_name(old_line: str, new_line: str, text: str) -> tuple[str, str] | N
     return broken, right
 
 
-def traceback_edit(task: Task, task_dir) -> tuple[str, int, str, str, str, str] | None:
+def traceback_edit(task: Task, task_dir, texts=None) -> tuple[str, int, str, str, str, str] | None:
     """(file, line, shown, fixed, old, new) of a level-1 task whose reference fix changes one line:
     `shown` and `fixed` that line before and after, stripped as a traceback prints it; `old` and
     `new` what the `search_replace` writes (`renamed_name`'s pair, else `shown` and `fixed`). None
     when the fix is not one line or `shown` is not unique in the file (a `search_replace` of it
-    would be ambiguous)."""
+    would be ambiguous); `texts` as for `ladder_plan`."""
     if task.kind != "level1" or len(task.edit_files) != 1:
         return None
-    task_dir = pathlib.Path(task_dir)
     rel = task.edit_files[0]
-    before = read_files(task_dir / "snapshot", [rel])[rel]
-    after = read_files(task_dir / "solution", [rel])[rel]
+    before, after = (t[rel] for t in texts or sources(task, task_dir))
     b, a = before.splitlines(), after.splitlines()
-    if len(a) != len(b) or sum(x != y for x, y in zip(a, b)) != 1:
+    changed = [i for i, (x, y) in enumerate(zip(b, a)) if x != y]
+    if len(a) != len(b) or len(changed) != 1:
         return None
-    line = first_changed_line(before, after)
+    line = changed[0] + 1
     old, new = b[line - 1].strip(), a[line - 1].strip()
     if not old or before.count(old) != 1:
         return None
@@ -137,8 +141,9 @@ class LadderOracleAgent:
     line, else `ladder_plan`."""
 
     def __init__(self, task: Task, task_dir):
-        self.plan = ladder_plan(task, task_dir)
-        self.edit = traceback_edit(task, task_dir)
+        texts = sources(task, task_dir)
+        self.plan = ladder_plan(task, task_dir, texts)
+        self.edit = traceback_edit(task, task_dir, texts)
         self.queue = [("run_terminal_cmd", suite_command(OUTPUT_LINES))] if self.edit else list(self.plan)
         self.last = self.queue[0]
 
