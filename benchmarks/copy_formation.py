@@ -1,8 +1,8 @@
 """How many steps until a fresh `tiny` model copies from its context (an induction head)?
 
 Trains the `tiny` MoE (hidden `--hidden`, no MTP) from scratch on rows of `--length` random ids in
-[0, `--vocab`) followed by a copy, Adam at `--lr`, batch 32, loss on the copy only, and prints CE
-per token on the first (untrained) and second half every 100 steps. `--copy exact`: the second
+[0, `--vocab`) followed by a copy, Adam at `--lr`, `--batch` rows a step (default 32), loss on the
+copy only, and prints CE per token on the first (untrained) and second half every 100 steps. `--copy exact`: the second
 half repeats the first (a fixed positional offset solves it, no content matching needed);
 `--copy spans`: the second half is spans of random starts (`data.copy_rows.source_then_spans`, spans of
 4..length/2 ids), which only content-based copying (an induction head) predicts. A calibration
@@ -13,7 +13,9 @@ from the first IDS ids of the vocabulary and the softmax covers those ids only, 
 stage up to the whole vocabulary. With a 4096-id output layer the same 64-id rows that a 64-id
 model learns to copy in ~700 steps show no phase change in 3000 (copy_formation_4096_64ids.txt);
 restricting the softmax restores ~700 and the skill carries over as the ids widen
-(copy_formation_vocab_curriculum.txt). `--save DIR` writes the model as an HF checkpoint that
+(copy_formation_vocab_curriculum.txt); a 32-dim KV latent (`--model kv_lora_rank=32`) ends it lower
+than tiny's 16 (copy_formation_kv32.txt). copy_formation_reference.py runs the same rows in a plain
+transformer, a control for the plateau. `--save DIR` writes the model as an HF checkpoint that
 `train.init_from=DIR` continues; `--probe SOURCE` measures how far a saved model copies.
 
     python benchmarks/copy_formation.py --vocab 64 --length 32 --copy spans --steps 1500
@@ -94,6 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=None, help="model width (default 64)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=32, help="rows per step")
     ap.add_argument("--copy", choices=("exact", "spans"), default="spans")
     ap.add_argument("--stages", default="",
                     help="an id curriculum, IDS:STEPS[:LENGTH],...: rows draw ids from the first IDS of --vocab "
@@ -114,6 +117,8 @@ def main(argv=None) -> int:
     ap.add_argument("--probe", default="", help="only probe the model in this run workdir or HF "
                     "checkpoint (`probe`: copying at distances 32, 100 and 300) and exit")
     a = ap.parse_args(argv)
+    if a.batch < 1:
+        ap.error(f"--batch must be >= 1, got {a.batch}")
     if a.probe:
         print("\n".join(probe(a.probe)))
         return 0
@@ -138,7 +143,7 @@ def main(argv=None) -> int:
     opt = optax.adam(a.lr)
     state = opt.init(params)
     L = a.length
-    n_prime = int(round(a.prime * 32))
+    n_prime = int(round(a.prime * a.batch))
     try:
         stages = ([tuple(int(v) for v in st.split(":")) for st in a.stages.split(",")] if a.stages
                   else [(a.vocab, a.steps)])
@@ -168,11 +173,11 @@ def main(argv=None) -> int:
         return optax.apply_updates(params, updates), state, aux
 
     start = f"from {a.init}" if a.init else f"tiny hidden {a.hidden} {overrides or ''}"
-    print(f"{start}, vocab {a.vocab}, {L} random ids + {a.copy} copy, batch 32, Adam {a.lr}, seed {a.seed}; "
+    print(f"{start}, vocab {a.vocab}, {L} random ids + {a.copy} copy, batch {a.batch}, Adam {a.lr}, seed {a.seed}; "
           f"chance ln {a.vocab} = {np.log(a.vocab):.2f}")
     rng, t0 = np.random.default_rng(a.seed), time.time()
     for i, (ids, L) in enumerate(plan, start=1):
-        x = batch(rng, ids, L, 32 - n_prime, a.copy == "spans", a.unique)
+        x = batch(rng, ids, L, a.batch - n_prime, a.copy == "spans", a.unique)
         if n_prime:
             x = np.concatenate([previous_token_rows(rng, ids, L, n_prime), x])
         params, state, (first, second, prime) = step(params, state, jnp.asarray(x), L, ids)

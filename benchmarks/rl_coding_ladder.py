@@ -223,7 +223,8 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int) -> list[str]:
     """Teacher-forced scores of `policy` on the scripted oracle demonstrations of the first `n`
     tasks of the pool's `split`, rendered with the policy's prompt: CE and argmax accuracy per
     assistant token, and the share of demonstrations whose every assistant token is the argmax
-    (greedy decoding would reproduce them, tool results being equal)."""
+    (greedy decoding would reproduce them, tool results being equal); the same CE and accuracy
+    split between the edit call's tokens (`edit_call_targets`) and every other assistant token."""
     import concurrent.futures
     import dataclasses
 
@@ -254,16 +255,46 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int) -> list[str]:
     model = weights.model()
     forward = jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits[0], -1))
     nll, hit, total, exact = 0.0, 0, 0, 0
+    part_nll, part_hit, part_total = np.zeros(2), np.zeros(2), np.zeros(2)   # [edit call, rest]
     for ids, mask in samples:
         lp = np.asarray(forward(jnp.asarray([ids], jnp.int32)))[:-1]
         tgt, m = np.asarray(ids[1:]), np.asarray(mask[1:], bool)
-        nll -= float(lp[np.arange(len(tgt)), tgt][m].sum())
-        ok = (lp.argmax(-1) == tgt)[m]
+        token_nll = -lp[np.arange(len(tgt)), tgt]
+        nll += float(token_nll[m].sum())
+        right = lp.argmax(-1) == tgt
+        ok = right[m]
         hit, total, exact = hit + int(ok.sum()), total + int(m.sum()), exact + int(ok.all())
+        edit = edit_call_targets(tok, ids, m)
+        for i, part in enumerate((m & edit, m & ~edit)):
+            part_nll[i] += token_nll[part].sum()
+            part_hit[i] += right[part].sum()
+            part_total[i] += part.sum()
+    parts = "; ".join(f"{name} {int(n)} tokens, accuracy {h / max(n, 1):.3f}, CE {c / max(n, 1):.3f}"
+                      for name, n, h, c in zip(("edit call", "the rest"), part_total, part_hit, part_nll))
     return [f"policy {policy} (step {weights.step}) on the oracle demonstrations of {len(samples)} "
             f"{split} tasks (teacher-forced): CE {nll / total:.3f} per assistant token, argmax "
             f"accuracy {hit / total:.3f} ({total} tokens), demonstrations reproduced exactly "
-            f"{exact}/{len(samples)}"]
+            f"{exact}/{len(samples)}", f"  per part: {parts}"]
+
+
+def edit_call_targets(tok, ids, targets_mask: np.ndarray) -> np.ndarray:
+    """[len(ids) - 1] bool over next-token targets: True for the targets of an assistant turn
+    (a run of `targets_mask`) that come after the turn's `search_replace` tool name, i.e. the edit
+    call's arguments, whose file path and names are copied from the context."""
+    out = np.zeros(len(targets_mask), bool)
+    j = 0
+    while j < len(targets_mask):
+        if not targets_mask[j]:
+            j += 1
+            continue
+        start = j
+        while j < len(targets_mask) and targets_mask[j]:
+            j += 1
+        for k in range(start, j):   # target k is ids[k + 1]; the turn before it is ids[start + 1 : k + 1]
+            if "search_replace" in tok.decode(list(ids[start + 1:k + 1])):
+                out[k:j] = True
+                break
+    return out
 
 
 def copy_probe(policy: str, n: int = 16, length: int = 100, seed: int = 0, ids: int = 0) -> list[str]:
