@@ -43,6 +43,7 @@ def init_params(key: jax.Array, vocab: int, hidden: int, layers: int = 2) -> dic
 
 
 def rms_norm(x: jax.Array) -> jax.Array:
+    """x [..., D] scaled to unit root-mean-square over D (no learnt gain)."""
     return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
 
 
