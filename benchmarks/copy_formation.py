@@ -2,8 +2,9 @@
 
 Trains the `tiny` MoE (hidden `--hidden`, no MTP) from scratch on rows of `--length` random ids in
 [0, `--vocab`) followed by a copy, Adam at `--lr`, `--batch` rows a step (default 32), loss on the
-copy only, and prints CE per token on the first (untrained) and second half every 100 steps. `--copy exact`: the second
-half repeats the first (a fixed positional offset solves it, no content matching needed);
+copy only, and prints CE per token on the first (untrained) and second half every 100 steps.
+`--copy exact`: the second half repeats the first (a fixed positional offset solves it, no content
+matching needed);
 `--copy spans`: the second half is spans of random starts (`data.copy_rows.source_then_spans`, spans of
 4..length/2 ids), which only content-based copying (an induction head) predicts. A calibration
 for `data.copy_rows` pretraining (benchmarks/results/rl_coding_ladder.txt, sections 12 and 14).
