@@ -63,7 +63,8 @@ class DataConfig:
     (0 = all; >0 keeps a deterministic subset, for debug configs), the filters and the dedup.
     Tokenizer: `tokenizer_path` ("" = train a byte-level BPE of `vocab_size` on the corpus).
     Pipeline: `seq_len` T, `global_batch_size` (split evenly over hosts), `shuffle_seed`; `copy_rows`:
-    the share of pretraining rows turned into copy rows (`data.copy_rows`, 0 = none).
+    the share of pretraining or SFT rows turned into copy rows (`data.copy_rows`, 0 = none), which
+    copy their `copy_source`, one source of half the row or segments of `copy_source_tokens` each.
     SFT: `sft_source` (SftSource) and `sft_pool` (a task pool directory written by `env_generate`,
     for ENV_ORACLE); the docstring source's filters `sft_min_docstring_chars`, `sft_max_function_lines`;
     `sft_hasty`: the fraction of a ladder pool's training tasks (chosen by a hash of the task id) that
@@ -114,6 +115,9 @@ class DataConfig:
     copy_random_ids: int = 0            # copy_source=random: draw from the first N non-special ids
                                         # (0 = all; a few hundred: each id is seen often, the copy
                                         # circuit forms in fewer steps)
+    copy_source_tokens: int = 0         # > 0: copy rows are segments of this many source tokens then
+                                        # spans of them, 2x as long (copies at that distance, many per
+                                        # row); 0 = one source, the first half of the row
     # --- SFT samples (SftSource; sft_max_samples > 0: the first N docstring samples / training tasks) ---
     sft_source: SftSource = SftSource.AUTO
     sft_pool: str = ""
@@ -157,6 +161,13 @@ class DataConfig:
             raise ConfigError(f"data.copy_source={self.copy_source.value!r} / data.copy_random_ids="
                               f"{self.copy_random_ids} shape copy rows, but data.copy_rows=0 makes none: set "
                               "data.copy_rows > 0, or leave them at their defaults")
+        if self.copy_source_tokens and not self.copy_rows:
+            raise ConfigError(f"data.copy_source_tokens={self.copy_source_tokens} shapes copy rows, but "
+                              "data.copy_rows=0 makes none: set data.copy_rows > 0, or data.copy_source_tokens=0")
+        if 2 * self.copy_source_tokens > self.seq_len:
+            raise ConfigError(f"data.copy_source_tokens={self.copy_source_tokens}: a source and its copy "
+                              f"need 2 x {self.copy_source_tokens} tokens, more than data.seq_len={self.seq_len}: "
+                              "lower it (or 0: half the row)")
         if self.copy_random_ids and self.copy_source != CopySource.RANDOM:
             raise ConfigError(f"data.copy_random_ids={self.copy_random_ids} applies to random sources only: "
                               "set data.copy_source=random, or data.copy_random_ids=0")
@@ -173,7 +184,7 @@ _INT_MINIMUMS = {
     "max_files": 0, "min_file_bytes": 0, "max_line_length": 1, "max_mean_line_length": 1, "minhash_perms": 1,
     "minhash_bands": 1, "shingle_size": 1, "build_workers": 0, "vocab_size": 512, "tokenizer_train_bytes": 1,
     "seq_len": 2, "global_batch_size": 1, "num_threads": 0, "prefetch_buffer_size": 0, "num_workers": 0,
-    "eval_max_batches": 0, "copy_random_ids": 0, "sft_max_samples": 0, "sft_renames": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
+    "eval_max_batches": 0, "copy_random_ids": 0, "copy_source_tokens": 0, "sft_max_samples": 0, "sft_renames": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
 }
 _FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),
               "validation_fraction": (False, False), "sft_hasty": (True, False),

@@ -8,7 +8,10 @@ with spans of the source, each `[min_span, max_span]` tokens long at a random st
 becomes one segment (positions 0..T-1) so that every copied span can attend to its original. With
 `random_ids` = (low, high) the source is instead `T - T // 2` uniformly random ids in [low, high)
 (`data.copy_source=random`): only the copy can be predicted, so only the copy carries loss, the
-strongest induction signal.
+strongest induction signal. With `source_tokens` = n > 0 a copy row is instead a run of
+independent segments, each n source tokens then spans of them (`[min(min_span, n // 4), min(max_span,
+n // 2)]` long) up to 2n tokens, the last one filling the row: copies at a chosen distance, and
+many of them per row (the copy curriculum of `benchmarks/copy_formation.py`, inside SFT batches).
 
 Glossary: T = seq_len. Row arrays as `packing.assemble_row` returns them, each `[T]`.
 """
@@ -31,12 +34,15 @@ class CopySpans:
     min_span: int = 16
     max_span: int = 128
     random_ids: tuple[int, int] | None = None   # [low, high): random sources (no special ids)
+    source_tokens: int = 0   # > 0: segments of this many source tokens each (0 = one source: half the row)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction <= 1.0:
             raise DataError(f"copy row fraction {self.fraction!r}: must be in [0, 1]")
         if not 1 <= self.min_span <= self.max_span:
             raise DataError(f"copy spans [{self.min_span}, {self.max_span}]: need 1 <= min_span <= max_span")
+        if self.source_tokens < 0:
+            raise DataError(f"copy source of {self.source_tokens} tokens: must be >= 0 (0 = half the row)")
 
     def __call__(self, index: int, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Row `index` as a copy row (chosen with probability `fraction`), else `row` unchanged.
@@ -46,6 +52,8 @@ class CopySpans:
         if rng.random() >= self.fraction:
             return row
         tokens = row["tokens"]
+        if self.source_tokens:
+            return self._segments(rng, row)
         seq_len, half = len(tokens), len(tokens) - len(tokens) // 2
         if self.random_ids is None:
             source = tokens[:half][row["segment_ids"][:half] > 0]
@@ -59,6 +67,32 @@ class CopySpans:
         return {"tokens": source_then_spans(source, seq_len, rng, self.min_span, self.max_span),
                 "segment_ids": np.ones(seq_len, dtype=row["segment_ids"].dtype),
                 "positions": np.arange(seq_len, dtype=row["positions"].dtype), "trainable": trainable}
+
+    def _segments(self, rng: np.random.Generator, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The row as segments of `source_tokens` n source tokens then spans of them (2n tokens
+        each, the last one to the row's end); code sources are consecutive n-token pieces of the
+        row's real tokens (fewer segments when it has fewer), random sources fresh ids per segment."""
+        tokens, n = row["tokens"], self.source_tokens
+        seq_len = len(tokens)
+        count = max(1, seq_len // (2 * n))
+        real = tokens[row["segment_ids"] > 0]
+        if self.random_ids is None:
+            count = min(count, len(real) // n)
+            if count == 0:
+                return row
+        min_span, max_span = min(self.min_span, max(1, n // 4)), min(self.max_span, max(1, n // 2))
+        out = {"tokens": np.empty_like(tokens), "segment_ids": np.empty_like(row["segment_ids"]),
+               "positions": np.empty_like(row["positions"]), "trainable": np.ones_like(row["trainable"])}
+        for k in range(count):
+            start, end = 2 * n * k, (2 * n * (k + 1) if k < count - 1 else seq_len)
+            source = (real[n * k:n * (k + 1)] if self.random_ids is None
+                      else rng.integers(*self.random_ids, n).astype(tokens.dtype))
+            out["tokens"][start:end] = source_then_spans(source, end - start, rng, min_span, max_span)
+            out["segment_ids"][start:end] = k + 1
+            out["positions"][start:end] = np.arange(end - start)
+            if self.random_ids is not None:
+                out["trainable"][start:start + n] = 0
+        return out
 
 
 def source_then_spans(source: np.ndarray, seq_len: int, rng: np.random.Generator, min_span: int,

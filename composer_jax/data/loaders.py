@@ -32,16 +32,15 @@ def make_train_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_inde
 def make_sft_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_index: int, process_count: int,
                       start_state: dict | None = None, *, corpus: Corpus | None = None) -> pipeline.DataIterator:
     """Infinite SFT batches (`data.sft_source`: oracle transcripts or docstring -> function chats);
-    the loss mask covers assistant tokens only."""
-    if cfg.copy_rows:
-        raise DataError(f"data.copy_rows={cfg.copy_rows} makes pretraining copy rows; SFT batches are whole "
-                        "chat samples and have none: set data.copy_rows=0 for SFT")
+    the loss mask covers assistant tokens only; `data.copy_rows` replaces that share of rows by copy
+    rows (which keep an induction circuit alive while the chats train)."""
     corpus = corpus or build_or_load_corpus(cfg)
     store = build_or_load_sft(cfg, corpus, tokenizer)
     layout = packing.BinLayout(store.lengths, cfg.seq_len, cfg.shuffle_seed)
     if layout.rows_per_epoch == 0:
         raise DataError(f"no SFT sample fits in data.seq_len={cfg.seq_len} tokens")
-    return _iterator(cfg, "sft", store, layout, tokenizer, mtp_depth, process_index, process_count, start_state)
+    return _iterator(cfg, "sft", store, layout, tokenizer, mtp_depth, process_index, process_count, start_state,
+                     copy=_copy_spans(cfg, tokenizer.vocab_size))
 
 
 def make_eval_batches(cfg: DataConfig, tokenizer, mtp_depth: int, process_index: int, process_count: int,
@@ -72,7 +71,7 @@ def _copy_spans(cfg: DataConfig, vocab_size: int) -> CopySpans | None:
     if cfg.copy_source == CopySource.RANDOM:
         low = len(special_tokens.ALL_SPECIAL_TOKENS)
         random_ids = (low, min(vocab_size, low + cfg.copy_random_ids) if cfg.copy_random_ids else vocab_size)
-    return CopySpans(cfg.copy_rows, cfg.shuffle_seed, random_ids=random_ids)
+    return CopySpans(cfg.copy_rows, cfg.shuffle_seed, random_ids=random_ids, source_tokens=cfg.copy_source_tokens)
 
 
 def _store(cfg: DataConfig, tokenizer, corpus: Corpus | None, name: str) -> TokenStore:
@@ -92,4 +91,6 @@ def _iterator(cfg: DataConfig, kind: str, store: TokenStore, layout, tokenizer, 
     if copy is not None:  # only when used, so states saved before copy rows existed still load
         meta["copy_rows"], meta["copy_source"], meta["copy_ids"] = (
             copy.fraction, cfg.copy_source.value, list(copy.random_ids or ()))
+        if copy.source_tokens:
+            meta["copy_source_tokens"] = copy.source_tokens
     return pipeline.iterate(cfg, batches, meta, start_state)

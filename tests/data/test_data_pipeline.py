@@ -202,13 +202,59 @@ def test_copy_rows_from_random_ids(small_data):
 
 
 def test_copy_settings_that_would_do_nothing_are_refused(small_data):
-    """copy_source / copy_random_ids without copy rows, copy_random_ids on code sources, and copy
-    rows in SFT batches are errors, not silent no-ops."""
+    """copy_source / copy_random_ids / copy_source_tokens without copy rows, copy_random_ids on code
+    sources, and a source too long for its copy to fit the row are errors, not silent no-ops."""
     cfg, corpus, tok = small_data
-    for bad in ({"copy_source": "random"}, {"copy_random_ids": 64},
-                {"copy_rows": 0.5, "copy_random_ids": 64}):
+    for bad in ({"copy_source": "random"}, {"copy_random_ids": 64}, {"copy_source_tokens": 16},
+                {"copy_rows": 0.5, "copy_random_ids": 64},
+                {"copy_rows": 0.5, "copy_source_tokens": cfg.seq_len // 2 + 1}):
         with pytest.raises(ConfigError, match="copy"):
             dataclasses.replace(cfg, **bad)
     dataclasses.replace(cfg, copy_rows=0.5, copy_source="random", copy_random_ids=64)  # accepted
-    with pytest.raises(DataError, match="copy_rows"):
-        make_sft_iterator(dataclasses.replace(cfg, copy_rows=0.5), tok, 1, 0, 1, corpus=corpus)
+    dataclasses.replace(cfg, copy_rows=0.5, copy_source_tokens=cfg.seq_len // 2)  # accepted
+
+
+@pytest.mark.parametrize("source", ["random", "code"])
+def test_copy_rows_of_short_sources_are_segments_at_that_distance(small_data, source):
+    """data.copy_source_tokens=n: a copy row is T // 2n segments (ids 1..k, positions restarting),
+    each n source tokens then spans of them (8-16 tokens for n=32) up to 2n tokens, the last to
+    the row's end; random sources carry no loss, every copied token does (bar the segment's last)."""
+    cfg, corpus, tok = small_data
+    n, T = 32, 200
+    cfg = dataclasses.replace(cfg, seq_len=T, copy_rows=1.0, copy_source=source, copy_source_tokens=n)
+    iterator = make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus)
+    batch = next(iterator)
+    assert iterator.meta["copy_source_tokens"] == n
+    for b, tokens in enumerate(batch["tokens"]):
+        seg, pos, mask = batch["segment_ids"][b], batch["positions"][b], batch["loss_mask"][b]
+        assert sorted(set(seg.tolist())) == [1, 2, 3]           # 200 // 64 = 3 segments
+        for k, (start, end) in enumerate([(0, 64), (64, 128), (128, T)]):
+            assert (seg[start:end] == k + 1).all()
+            np.testing.assert_array_equal(pos[start:end], np.arange(end - start))
+            assert mask[start + n:end - 1].all() and not mask[end - 1]
+            if source == "random":
+                assert not mask[start:start + n - 1].any()
+            src = {tuple(tokens[start + i:start + i + 3]) for i in range(n - 2)}
+            windows = [tuple(tokens[i:i + 3]) for i in range(start + n, end - 2)]
+            assert np.mean([w in src for w in windows]) > 0.6   # spans of 8-16: ~1/6 straddle two
+
+
+def test_sft_batches_take_copy_rows(small_data):
+    """data.copy_rows in SFT: that share of rows are copy rows (all loss on copies of random ids),
+    the rest keep the chat loss mask (assistant tokens only)."""
+    cfg, corpus, tok = small_data
+    cfg = dataclasses.replace(cfg, seq_len=512)
+    plain = next(make_sft_iterator(cfg, tok, 1, 0, 1, corpus=corpus))
+    mixed_cfg = dataclasses.replace(cfg, copy_rows=0.5, copy_source="random", copy_source_tokens=32)
+    iterator = make_sft_iterator(mixed_cfg, tok, 1, 0, 1, corpus=corpus)
+    batches = _take(iterator, 8)
+    assert iterator.meta["copy_rows"] == 0.5 and iterator.meta["kind"] == "sft"
+    copy_rows = [(b, i) for b in batches for i in range(len(b["tokens"])) if b["segment_ids"][i].max() > 1
+                 and (b["positions"][i][:64] == np.arange(64)).all() and b["positions"][i][64] == 0]
+    rows = sum(len(b["tokens"]) for b in batches)
+    assert 0.25 * rows < len(copy_rows) < 0.75 * rows
+    first = batches[0]
+    for i in range(len(first["tokens"])):
+        if not any(b is first and j == i for b, j in copy_rows):
+            assert first["loss_mask"][i].sum() < 0.9 * (first["segment_ids"][i] > 0).sum()   # chats: assistant only
+    assert plain["tokens"].shape == first["tokens"].shape
