@@ -5,6 +5,7 @@ plus the disjointness of held-out modules from every training row actually used.
     python benchmarks/rl_coding_ladder.py --policy POLICY --config RUN [--split eval|train]
                                           [--greedy] [--tasks N] [--show K]
     python benchmarks/rl_coding_ladder.py --policy POLICY --demos --pool POOL [--split eval|train] [--tasks N]
+                                          [--show K]
     python benchmarks/rl_coding_ladder.py --policy POLICY --copy_probe
 
 For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir): the held-out
@@ -21,7 +22,8 @@ prompt, env.prompt_tools / env.declare_tools, is the policy's own run's) through
 rl.temperature; prints resolved +- SE, valid-call rate and outcome classes.
 
 With --policy, --demos and --pool: `demo_scores`, the policy's teacher-forced CE and argmax accuracy
-per assistant token on the oracle demonstrations of N tasks of the split (no generation).
+per assistant token on the oracle demonstrations of N tasks of the split (no generation); --show K
+prints the first K edit calls token by token, each miss with the argmax and the target's probability.
 
 With --policy and --copy_probe: `copy_probe`, the policy's CE on the first and second copy of repeated
 random token sequences (does it copy from its context at all).
@@ -219,12 +221,14 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
             "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)] + shown
 
 
-def demo_scores(policy: str, pool_dir: str, split: str, n: int) -> list[str]:
+def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0) -> list[str]:
     """Teacher-forced scores of `policy` on the scripted oracle demonstrations of the first `n`
     tasks of the pool's `split`, rendered with the policy's prompt: CE and argmax accuracy per
     assistant token, and the share of demonstrations whose every assistant token is the argmax
     (greedy decoding would reproduce them, tool results being equal); the same CE and accuracy
-    split between the edit call's tokens (`edit_call_targets`) and every other assistant token."""
+    split between the edit call's tokens (`edit_call_targets`) and every other assistant token.
+    `show` > 0: the edit-call tokens of the first `show` demonstrations, each wrong one followed by
+    [the argmax, the target's probability]: where in the call the copies break."""
     import concurrent.futures
     import dataclasses
 
@@ -254,7 +258,7 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int) -> list[str]:
     weights = load_weights(str(run.resolve()), cfg)
     model = weights.model()
     forward = jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits[0], -1))
-    nll, hit, total, exact = 0.0, 0, 0, 0
+    nll, hit, total, exact, shown = 0.0, 0, 0, 0, []
     part_nll, part_hit, part_total = np.zeros(2), np.zeros(2), np.zeros(2)   # [edit call, rest]
     for ids, mask in samples:
         lp = np.asarray(forward(jnp.asarray([ids], jnp.int32)))[:-1]
@@ -269,12 +273,17 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int) -> list[str]:
             part_nll[i] += token_nll[part].sum()
             part_hit[i] += right[part].sum()
             part_total[i] += part.sum()
+        if len(shown) < show:
+            shown.append("  edit call: " + " ".join(
+                repr(tok.decode([int(tgt[k])])) + ("" if right[k] else
+                f"[{tok.decode([int(lp[k].argmax())])!r} p={np.exp(-token_nll[k]):.2f}]")
+                for k in np.flatnonzero(m & edit)))
     parts = "; ".join(f"{name} {int(n)} tokens, accuracy {h / max(n, 1):.3f}, CE {c / max(n, 1):.3f}"
                       for name, n, h, c in zip(("edit call", "the rest"), part_total, part_hit, part_nll))
     return [f"policy {policy} (step {weights.step}) on the oracle demonstrations of {len(samples)} "
             f"{split} tasks (teacher-forced): CE {nll / total:.3f} per assistant token, argmax "
             f"accuracy {hit / total:.3f} ({total} tokens), demonstrations reproduced exactly "
-            f"{exact}/{len(samples)}", f"  per part: {parts}"]
+            f"{exact}/{len(samples)}", f"  per part: {parts}", *shown]
 
 
 def edit_call_targets(tok, ids, targets_mask: np.ndarray) -> np.ndarray:
@@ -333,7 +342,7 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="eval", choices=("eval", "train"))
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--tasks", type=int, default=64)
-    ap.add_argument("--show", type=int, default=0, help="with --policy: print the first N transcripts")
+    ap.add_argument("--show", type=int, default=0, help="with --policy: print the first N transcripts (with --demos: their edit calls, token by token)")
     ap.add_argument("--demos", action="store_true",
                     help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
     ap.add_argument("--copy_probe", action="store_true",
@@ -350,7 +359,7 @@ def main(argv=None) -> int:
         print("\n".join(copy_probe(a.policy, length=a.copy_length, ids=a.copy_ids)))
         return 0
     if a.policy and a.demos:
-        print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks)))
+        print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks, a.show)))
         return 0
     if a.policy:
         print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks, a.show)))
