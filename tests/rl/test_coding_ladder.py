@@ -215,11 +215,9 @@ def test_level1_oracle_edits_the_line_its_traceback_shows_else_runs_the_failing_
         assert last_frame("  File \"/workspace/t.py\", line 9, in g\n    g()\n" + shown) == (rel, line, src)
         calls = _calls(oracle_agent(task, d), [shown])
         assert calls == [("run_terminal_cmd", {"command": "python -m unittest 2>&1 | tail -n 12"}),
-                         ("search_replace", {"file_path": f"/workspace/{rel}", "old_string": old,
-                                             "new_string": new}),
+                         ("search_replace", {"file_path": rel, "old_string": old, "new_string": new}),
                          ("run_terminal_cmd", {"command": "python -m unittest 2>&1 | tail -n 3"}),
                          ("finish", {"message": "Fixed; the failing tests pass now."})]
-        assert f'"{calls[1][1]["file_path"]}"' in shown   # the path as the frame prints it: a copy
         short += 1
         # the suite's tail ends in another failure (or a frame of another line): the careful plan,
         # which runs the first failing test by id and reads the line, after the suite run

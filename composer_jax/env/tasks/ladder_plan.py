@@ -22,11 +22,8 @@ gets the short episode a careful engineer uses when the output already shows the
      prints it, stripped), one `search_replace` in that file of the broken name by the right one
      when the broken name occurs once in the file (the name the error message quotes, the right
      one CPython's "Did you mean" hint names or the line itself shows), else of the shown source
-     line by the fixed one, the file named as the frame prints it (`/workspace/...`: from its
-     first token on, the path is a copy of the frame's, so a recency-biased induction head can
-     write it; a relative path starts with a token that no context token predicts); otherwise
-     (the tail ends in another test's failure) the plan above from step 1, which runs the first
-     failing test by id;
+     line by the fixed one; otherwise (the tail ends in another test's failure) the plan above
+     from step 1, which runs the first failing test by id;
   3. run the suite again (its verdict), 4. `finish`.
 
 Scripted RL episodes (`rl.tasks.coding_scripted`) replay `ladder_plan`. `oracle_agent` picks
@@ -42,14 +39,13 @@ from composer_jax.env.protocol import render_assistant
 from composer_jax.env.tasks.task import Task, read_files
 
 LADDER_KINDS = ("level1", "level2")
-PLAN_VERSION = 5     # bump when the plan changes: SFT stores built from the old plan are rebuilt
+PLAN_VERSION = 4     # bump when the plan changes: SFT stores built from the old plan are rebuilt
 CONTEXT = 6          # lines shown before and after the broken line
 OUTPUT_LINES = 12    # the end of the failing test's output shown in step 1
 RERUN_LINES = 3      # step 4 reruns step 1's test and shows its verdict
 SUITE = "python -m unittest"                 # the whole suite by discovery in /workspace
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-TRACEBACK_ROOT = "/workspace"                # where tracebacks of the sandboxed suite place files
-FRAME = re.compile(rf'File "{TRACEBACK_ROOT}/([^"]+)", line (\d+)')
+FRAME = re.compile(r'File "/workspace/([^"]+)", line (\d+)')
 FINISH = {"message": "Fixed; the failing tests pass now."}
 
 
@@ -157,8 +153,7 @@ class LadderOracleAgent:
             rel, line, shown, _, old, new = self.edit
             output = next((str(m.get("content", "")) for m in reversed(messages) if m["role"] == "tool"), "")
             if last_frame(output) == (rel, line, shown):
-                self.queue = [("search_replace", {"file_path": f"{TRACEBACK_ROOT}/{rel}", "old_string": old,
-                                                  "new_string": new}),
+                self.queue = [("search_replace", {"file_path": rel, "old_string": old, "new_string": new}),
                               ("run_terminal_cmd", suite_command(RERUN_LINES)),
                               ("finish", FINISH)]
             else:
