@@ -342,7 +342,9 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="eval", choices=("eval", "train"))
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--tasks", type=int, default=64)
-    ap.add_argument("--show", type=int, default=0, help="with --policy: print the first N transcripts (with --demos: their edit calls, token by token)")
+    ap.add_argument("--show", type=int, default=0,
+                    help="with --policy: print the first N transcripts (with --demos: their edit calls, "
+                    "token by token)")
     ap.add_argument("--demos", action="store_true",
                     help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
     ap.add_argument("--copy_probe", action="store_true",

@@ -184,7 +184,8 @@ _INT_MINIMUMS = {
     "max_files": 0, "min_file_bytes": 0, "max_line_length": 1, "max_mean_line_length": 1, "minhash_perms": 1,
     "minhash_bands": 1, "shingle_size": 1, "build_workers": 0, "vocab_size": 512, "tokenizer_train_bytes": 1,
     "seq_len": 2, "global_batch_size": 1, "num_threads": 0, "prefetch_buffer_size": 0, "num_workers": 0,
-    "eval_max_batches": 0, "copy_random_ids": 0, "copy_source_tokens": 0, "sft_max_samples": 0, "sft_renames": 0, "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
+    "eval_max_batches": 0, "copy_random_ids": 0, "copy_source_tokens": 0, "sft_max_samples": 0, "sft_renames": 0,
+    "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
 }
 _FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),
               "validation_fraction": (False, False), "sft_hasty": (True, False),
