@@ -47,13 +47,13 @@ class CopySpans:
     def __call__(self, index: int, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Row `index` as a copy row (chosen with probability `fraction`), else `row` unchanged.
         The source is the row's first `T - T // 2` real tokens (padding dropped) or random ids; a
-        source shorter than `min_span` leaves the row unchanged."""
+        source shorter than `min_span` leaves the row unchanged. With `source_tokens`: `_segments`."""
         rng = np.random.default_rng((self.seed, 0xC0B1, index))
         if rng.random() >= self.fraction:
             return row
-        tokens = row["tokens"]
         if self.source_tokens:
             return self._segments(rng, row)
+        tokens = row["tokens"]
         seq_len, half = len(tokens), len(tokens) - len(tokens) // 2
         if self.random_ids is None:
             source = tokens[:half][row["segment_ids"][:half] > 0]
@@ -75,8 +75,8 @@ class CopySpans:
         tokens, n = row["tokens"], self.source_tokens
         seq_len = len(tokens)
         count = max(1, seq_len // (2 * n))
-        real = tokens[row["segment_ids"] > 0]
         if self.random_ids is None:
+            real = tokens[row["segment_ids"] > 0]
             count = min(count, len(real) // n)
             if count == 0:
                 return row
