@@ -16,7 +16,12 @@ model learns to copy in ~700 steps show no phase change in 3000 (copy_formation_
 restricting the softmax restores ~700 and the skill carries over as the ids widen
 (copy_formation_vocab_curriculum.txt); a 32-dim KV latent (`--model kv_lora_rank=32`) ends it lower
 than tiny's 16 (copy_formation_kv32.txt). copy_formation_reference.py runs the same rows in a plain
-transformer, a control for the plateau. `--save DIR` writes the model as an HF checkpoint that
+transformer, a control for the plateau.
+`--copy recall`: rows of `data.recall_rows.recall_segment` (key-value records, then queries whose
+value's first id follows the key 2 ids back, not the last id; `--recall_suffix N`: 0..N more ids
+between key and separator), the lookup an agent's tool-call argument needs; a 2-layer model does
+not learn it, the same model grown to 3 layers (`composer_jax.model.depth_growth`) does
+(rl_coding_ladder.txt section 21). `--save DIR` writes the model as an HF checkpoint that
 `train.init_from=DIR` continues; `--probe SOURCE` measures how far a saved model copies.
 
     python benchmarks/copy_formation.py --vocab 64 --length 32 --copy spans --steps 1500
@@ -42,6 +47,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from composer_jax.config import Config, tiny  # noqa: E402
 from composer_jax.data.copy_rows import source_then_spans  # noqa: E402
+from composer_jax.data.recall_rows import KEY, VALUE_FIRST, VALUE_REST, recall_segment  # noqa: E402
 from composer_jax.model.hf import save_hf  # noqa: E402
 from composer_jax.model.params import init_model  # noqa: E402
 from composer_jax.train.weights import load_weights  # noqa: E402
@@ -98,7 +104,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=32, help="rows per step")
-    ap.add_argument("--copy", choices=("exact", "spans"), default="spans")
+    ap.add_argument("--copy", choices=("exact", "spans", "recall"), default="spans",
+                    help="recall: rows of data.recall_rows.recall_segment (2 x LENGTH ids), loss on the "
+                         "queries; prints the CE of each value's first id (the lookup) and of its other ids")
     ap.add_argument("--stages", default="",
                     help="an id curriculum, IDS:STEPS[:LENGTH],...: rows draw ids from the first IDS of --vocab "
                          "(sources of LENGTH ids, default --length) for STEPS steps, then the next stage "
@@ -110,6 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the init and of the rows")
     ap.add_argument("--save", default="", help="write the trained model here as an HF checkpoint "
                     "(model.hf.save_hf; `train.init_from=DIR` starts a run from it)")
+    ap.add_argument("--recall_suffix", type=int, default=0, help="--copy recall: key suffixes of 0..N ids")
     ap.add_argument("--unique", action="store_true", help="sources without repeated ids (needs ids >= --length)")
     ap.add_argument("--prime", type=float, default=0.0,
                     help="share of each batch that is previous-token rows (previous_token_rows)")
@@ -167,9 +176,22 @@ def main(argv=None) -> int:
         return nll[:, L:].mean(), (copy_rows[:, :L - 1].mean(), copy_rows[:, L:].mean(),
                                    nll[:n_prime, L:].mean() if n_prime else jnp.zeros(()))
 
+    def recall_loss_fn(params, x, kinds, ids):
+        logits = nnx.merge(graphdef, params, rest)(x, with_mtp=False).logits
+        if a.restrict_softmax:
+            logits = jnp.where(jnp.arange(logits.shape[-1]) < ids, logits, -1e9)
+        nll, kinds = -target_logprobs(logits[:, :-1], x[:, 1:]), kinds[:, 1:]
+
+        def mean(mask):
+            return (nll * mask).sum() / jnp.maximum(mask.sum(), 1)
+        return mean(kinds > 0), (mean(kinds == VALUE_FIRST), mean(kinds == VALUE_REST), mean(kinds == KEY))
+
     @functools.partial(jax.jit, static_argnums=3)
-    def step(params, state, x, L, ids):
-        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x, ids, L)
+    def step(params, state, x, L, ids, kinds=None):
+        if kinds is not None:
+            (_, aux), grads = jax.value_and_grad(recall_loss_fn, has_aux=True)(params, x, kinds, ids)
+        else:
+            (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x, ids, L)
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, aux
 
@@ -178,6 +200,15 @@ def main(argv=None) -> int:
           f"chance ln {a.vocab} = {np.log(a.vocab):.2f}")
     rng, t0 = np.random.default_rng(a.seed), time.time()
     for i, (ids, L) in enumerate(plan, start=1):
+        if a.copy == "recall":
+            rows = [recall_segment(rng, 2 * L, (0, ids), max_suffix=a.recall_suffix) for _ in range(a.batch)]
+            x, kinds = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+            params, state, (first, other, key) = step(params, state, jnp.asarray(x), L, ids, jnp.asarray(kinds))
+            if i % 100 == 0:
+                print(f"step {i:5d} (ids {ids}, length {2 * L}): recall CE value first id {float(first):.2f}, "
+                      f"value other ids {float(other):.2f}, key suffix {float(key):.2f}   [{time.time() - t0:.0f} s]",
+                      flush=True)
+            continue
         x = batch(rng, ids, L, a.batch - n_prime, a.copy == "spans", a.unique)
         if n_prime:
             x = np.concatenate([previous_token_rows(rng, ids, L, n_prime), x])

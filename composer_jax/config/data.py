@@ -52,6 +52,7 @@ class CopySource(str, enum.Enum):
 
     CODE = "code"
     RANDOM = "random"
+    RECALL = "recall"   # key-value records then queries of them (data/recall_rows.py); needs copy_source_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +112,9 @@ class DataConfig:
     eval_max_batches: int = 0           # caps the validation batches per evaluation (0 = no cap)
     copy_rows: float = 0.0              # fraction of pretraining rows whose second half repeats spans
                                         # of their first half (teaches copying from context; copy_rows.py)
-    copy_source: CopySource = CopySource.CODE  # what copy rows copy: code | random token ids
-    copy_random_ids: int = 0            # copy_source=random: draw from the first N non-special ids
+    copy_source: CopySource = CopySource.CODE  # what copy rows copy: code | random token ids | recall
+                                        # (key-value records, then queries: lookup by a key a few back)
+    copy_random_ids: int = 0            # copy_source=random|recall: draw from the first N non-special ids
                                         # (0 = all; a few hundred: each id is seen often, the copy
                                         # circuit forms in fewer steps)
     copy_source_tokens: int = 0         # > 0: copy rows are segments of this many source tokens then
@@ -168,9 +170,12 @@ class DataConfig:
             raise ConfigError(f"data.copy_source_tokens={self.copy_source_tokens}: a source and its copy "
                               f"need 2 x {self.copy_source_tokens} tokens, more than data.seq_len={self.seq_len}: "
                               "lower it (or 0: half the row)")
-        if self.copy_random_ids and self.copy_source != CopySource.RANDOM:
-            raise ConfigError(f"data.copy_random_ids={self.copy_random_ids} applies to random sources only: "
-                              "set data.copy_source=random, or data.copy_random_ids=0")
+        if self.copy_source == CopySource.RECALL and not self.copy_source_tokens:
+            raise ConfigError("data.copy_source=recall builds segments of 2 x data.copy_source_tokens tokens: "
+                              "set data.copy_source_tokens > 0 (e.g. 128)")
+        if self.copy_random_ids and self.copy_source == CopySource.CODE:
+            raise ConfigError(f"data.copy_random_ids={self.copy_random_ids} applies to random ids only: "
+                              "set data.copy_source=random or recall, or data.copy_random_ids=0")
         if self.minhash_perms % self.minhash_bands:
             raise ConfigError(f"data.minhash_bands={self.minhash_bands}: must divide data.minhash_perms="
                               f"{self.minhash_perms}")

@@ -12,6 +12,8 @@ strongest induction signal. With `source_tokens` = n > 0 a copy row is instead a
 independent segments, each n source tokens then spans of them (`[min(min_span, n // 4), min(max_span,
 n // 2)]` long) up to 2n tokens, the last one filling the row: copies at a chosen distance, and
 many of them per row (the copy curriculum of `benchmarks/copy_formation.py`, inside SFT batches).
+With `recall` each segment is instead a `recall_rows.recall_segment` of 2n random ids (records,
+then queries by key; loss on the queries' suffix, separator and values).
 
 Glossary: T = seq_len. Row arrays as `packing.assemble_row` returns them, each `[T]`.
 """
@@ -23,6 +25,7 @@ import dataclasses
 import numpy as np
 
 from composer_jax.data.errors import DataError
+from composer_jax.data.recall_rows import IGNORED, recall_segment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,7 @@ class CopySpans:
     max_span: int = 128
     random_ids: tuple[int, int] | None = None   # [low, high): random sources (no special ids)
     source_tokens: int = 0   # > 0: segments of this many source tokens each (0 = one source: half the row)
+    recall: bool = False     # segments are recall segments (needs random_ids and source_tokens)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction <= 1.0:
@@ -43,6 +47,8 @@ class CopySpans:
             raise DataError(f"copy spans [{self.min_span}, {self.max_span}]: need 1 <= min_span <= max_span")
         if self.source_tokens < 0:
             raise DataError(f"copy source of {self.source_tokens} tokens: must be >= 0 (0 = half the row)")
+        if self.recall and (self.random_ids is None or not self.source_tokens):
+            raise DataError("recall rows draw random ids in segments: need random_ids and source_tokens > 0")
 
     def __call__(self, index: int, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Row `index` as a copy row (chosen with probability `fraction`), else `row` unchanged.
@@ -85,11 +91,15 @@ class CopySpans:
                "positions": np.empty_like(row["positions"]), "trainable": np.ones_like(row["trainable"])}
         for k in range(count):
             start, end = 2 * n * k, (2 * n * (k + 1) if k < count - 1 else seq_len)
+            out["segment_ids"][start:end] = k + 1
+            out["positions"][start:end] = np.arange(end - start)
+            if self.recall:
+                ids, kinds = recall_segment(rng, end - start, self.random_ids)
+                out["tokens"][start:end], out["trainable"][start:end] = ids, kinds != IGNORED
+                continue
             source = (real[n * k:n * (k + 1)] if self.random_ids is None
                       else rng.integers(*self.random_ids, n).astype(tokens.dtype))
             out["tokens"][start:end] = source_then_spans(source, end - start, rng, min_span, max_span)
-            out["segment_ids"][start:end] = k + 1
-            out["positions"][start:end] = np.arange(end - start)
             if self.random_ids is not None:
                 out["trainable"][start:start + n] = 0
         return out

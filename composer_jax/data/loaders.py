@@ -68,10 +68,11 @@ def _copy_spans(cfg: DataConfig, vocab_size: int) -> CopySpans | None:
     if cfg.copy_rows == 0:
         return None
     random_ids = None
-    if cfg.copy_source == CopySource.RANDOM:
+    if cfg.copy_source in (CopySource.RANDOM, CopySource.RECALL):
         low = len(special_tokens.ALL_SPECIAL_TOKENS)
         random_ids = (low, min(vocab_size, low + cfg.copy_random_ids) if cfg.copy_random_ids else vocab_size)
-    return CopySpans(cfg.copy_rows, cfg.shuffle_seed, random_ids=random_ids, source_tokens=cfg.copy_source_tokens)
+    return CopySpans(cfg.copy_rows, cfg.shuffle_seed, random_ids=random_ids, source_tokens=cfg.copy_source_tokens,
+                     recall=cfg.copy_source == CopySource.RECALL)
 
 
 def _store(cfg: DataConfig, tokenizer, corpus: Corpus | None, name: str) -> TokenStore:

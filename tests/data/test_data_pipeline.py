@@ -12,6 +12,7 @@ import pytest
 from composer_jax.data import special_tokens as st
 from composer_jax.data.errors import DataError
 from composer_jax.data.loaders import make_eval_batches, make_sft_iterator, make_train_iterator
+from composer_jax.data.recall_rows import IGNORED, KEY, VALUE_FIRST, recall_segment
 from composer_jax.data.shards import build_or_load_shards
 from composer_jax.errors import ConfigError
 
@@ -261,3 +262,34 @@ def test_sft_batches_take_copy_rows(small_data):
         if not is_copy_row(first, i):
             assert first["loss_mask"][i].sum() < 0.9 * (first["segment_ids"][i] > 0).sum()   # chats: assistant only
     assert plain["tokens"].shape == first["tokens"].shape
+
+
+def test_recall_rows_need_the_key_not_the_last_token(small_data):
+    """data.copy_source=recall: segments of 2n random ids, records then queries; the loss covers the
+    queries' suffix, separator and values only, and each value's first id follows its key in the
+    store, while the id after the most recent earlier separator (one-token induction) is mostly
+    another record's value."""
+    cfg, corpus, tok = small_data
+    n, T = 64, 256
+    with pytest.raises(ConfigError, match="copy_source_tokens"):
+        dataclasses.replace(cfg, seq_len=T, copy_rows=1.0, copy_source="recall")
+    cfg = dataclasses.replace(cfg, seq_len=T, copy_rows=1.0, copy_source="recall", copy_source_tokens=n)
+    batch = next(make_train_iterator(cfg, tok, 1, 0, 1, corpus=corpus))
+    hits = misses = 0
+    for b, tokens in enumerate(batch["tokens"]):
+        assert sorted(set(batch["segment_ids"][b].tolist())) == [1, 2]
+        assert tokens.min() >= len(st.ALL_SPECIAL_TOKENS) and tokens.max() < tok.vocab_size
+        mask = batch["loss_mask"][b]   # mask[t]: the loss on predicting tokens[t + 1]
+        assert not mask[:n - 1].any() and mask[n:].sum() > 0.4 * n
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        ids, kinds = recall_segment(rng, 2 * n, (16, 4096), max_suffix=2)
+        for t in np.flatnonzero(kinds == VALUE_FIRST):
+            key_at = t - 1 - int((kinds[:t][::-1] != KEY).argmax())   # the query's key id
+            gap = t - key_at
+            stored = [i for i in range(gap, t) if ids[i - gap] == ids[key_at] and kinds[i] == IGNORED
+                      and (ids[i - gap + 1:i] == ids[key_at + 1:t]).all()]
+            assert stored and ids[stored[0]] == ids[t]          # the value stored after that key
+            last_sep = max(i for i in range(t - 1) if ids[i] == ids[t - 1])
+            hits, misses = hits + (ids[last_sep + 1] == ids[t]), misses + (ids[last_sep + 1] != ids[t])
+    assert misses > 4 * hits   # one-token induction is wrong at most queries

@@ -1,0 +1,97 @@
+"""Depth growth: a checkpoint with one more decoder layer, a copy of an existing one.
+
+`insert_layer(tensors, hf_config, at, scale)` inserts a copy of layer `at` right after it; the
+copy's two residual writes (`self_attn.o_proj`, and the MLP's `down_proj` or every expert's and
+shared expert's) are multiplied by `scale`. With `scale = 0` the grown model computes exactly what
+the original did (the new layer adds nothing to the residual stream) yet its attention can learn;
+a small `scale` starts it as a weak copy of a known head (e.g. a previous-token head, whose copy one
+layer up reads the previous token's previous token: a two-token match a 2-layer model lacks,
+benchmarks/results/rl_coding_ladder.txt section 21). Layers above `at`, MTP layers included
+(`model.layers.{num_hidden_layers + k}`), move up by one; `first_k_dense_replace` grows by one
+when the copy is of a dense layer.
+
+`grow_checkpoint(src, dst, at, scale)` does it on an unsharded HF checkpoint directory (one
+`model.safetensors`, the format `save_hf` writes for small models); the whole checkpoint is held in
+host memory, so this is a tool for research-scale models.
+
+    python -m composer_jax.model.depth_growth SRC DST --at 0 --scale 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from composer_jax.errors import CheckpointError
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_RESIDUAL_WRITES = re.compile(r"(self_attn\.o_proj|mlp\.(experts\.\d+\.|shared_experts\.)?down_proj)\.weight$")
+
+
+def insert_layer(tensors: dict[str, np.ndarray], hf_config: dict, at: int,
+                 scale: float) -> tuple[dict[str, np.ndarray], dict]:
+    """The tensors and config of the model with a copy of layer `at` inserted after it (its residual
+    writes times `scale`). Pure: the inputs are not modified."""
+    layers = hf_config.get("num_hidden_layers")
+    if not isinstance(layers, int) or not 0 <= at < layers:
+        raise CheckpointError(f"cannot copy layer {at}: the checkpoint has num_hidden_layers={layers!r} "
+                              f"(copy one of 0..{layers - 1 if isinstance(layers, int) else '?'})")
+    out: dict[str, np.ndarray] = {}
+    copied = 0
+    for name, value in tensors.items():
+        match = _LAYER.match(name)
+        if match is None:
+            out[name] = value
+            continue
+        index, rest = int(match.group(1)), match.group(2)
+        out[f"model.layers.{index + 1 if index > at else index}.{rest}"] = value
+        if index == at:
+            copy = value * scale if _RESIDUAL_WRITES.search(rest) else value.copy()
+            out[f"model.layers.{at + 1}.{rest}"] = copy.astype(value.dtype)
+            copied += 1
+    if not copied:
+        raise CheckpointError(f"layer {at} has no tensors (model.layers.{at}.*) in this checkpoint")
+    config = dict(hf_config, num_hidden_layers=layers + 1)
+    if at < config.get("first_k_dense_replace", 0):
+        config["first_k_dense_replace"] += 1
+    return out, config
+
+
+def grow_checkpoint(src: str | pathlib.Path, dst: str | pathlib.Path, at: int, scale: float) -> dict:
+    """Writes `dst` (config.json + model.safetensors): `src` with layer `at` copied after itself.
+    Returns the new config."""
+    src, dst = pathlib.Path(src), pathlib.Path(dst)
+    weights = src / "model.safetensors"
+    if not weights.is_file():
+        raise CheckpointError(f"{src}: no model.safetensors (depth growth reads unsharded checkpoints only; "
+                              "a run workdir's model is written as one by benchmarks/copy_formation.py --save)")
+    hf_config = json.loads((src / "config.json").read_text())
+    if "text_config" in hf_config:
+        raise CheckpointError(f"{src}: a nested text_config (Kimi-K2.5 style) is not supported here")
+    tensors, config = insert_layer(load_file(weights), hf_config, at, scale)
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, dst / "model.safetensors")
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return config
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("src", help="HF checkpoint directory to grow")
+    ap.add_argument("dst", help="where to write the grown checkpoint")
+    ap.add_argument("--at", type=int, default=0, help="copy this layer (0-based); the copy goes right after it")
+    ap.add_argument("--scale", type=float, default=0.1, help="factor on the copy's residual writes (0: no change)")
+    a = ap.parse_args(argv)
+    config = grow_checkpoint(a.src, a.dst, a.at, a.scale)
+    print(f"{a.dst}: {config['num_hidden_layers']} layers (layer {a.at} copied, residual writes x {a.scale})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
