@@ -81,7 +81,8 @@ def previous_token_rows(rng: np.random.Generator, vocab: int, length: int, rows:
 def probe(source: str, lengths=(32, 100, 300), rows: int = 16) -> list[str]:
     """CE per token of the model in `source` (a run workdir or an HF checkpoint) on `rows` random
     sequences of L ids (ids >= 16: no special tokens) for each L of `lengths`: the first copy,
-    its exact repeat, and spans of it (random starts, 4..L/2 ids), i.e. how far it copies."""
+    its exact repeat, and spans of it (random starts, 4..L/2 ids), i.e. how far it copies; then the
+    CE of each recall query's first value id in `4 * rows` recall segments of S = 128 and 256 ids."""
     model = load_weights(str(pathlib.Path(source).resolve()), Config()).model()
     score = jax.jit(lambda x: -target_logprobs(model(x, with_mtp=False).logits[:, :-1], x[:, 1:]))
     vocab, rng, out = model.cfg.vocab_size, np.random.default_rng(0), []
@@ -93,6 +94,14 @@ def probe(source: str, lengths=(32, 100, 300), rows: int = 16) -> list[str]:
         out.append(f"{source}: L={L:4d}: first copy {exact[:, :L - 1].mean():.2f}, exact repeat "
                    f"{exact[:, L:].mean():.2f}, spans {span_nll[:, L:].mean():.2f} (chance ln {vocab} = "
                    f"{np.log(vocab):.2f})")
+    for S in (128, 256):   # the lookup by key (recall rows), and picking one of the stored records at random
+        segments = [recall_segment(rng, S, (16, vocab)) for _ in range(4 * rows)]
+        ids, kinds = np.stack([g[0] for g in segments]), np.stack([g[1] for g in segments])
+        nll = np.asarray(score(jnp.asarray(ids, jnp.int32)))[kinds[:, 1:] == VALUE_FIRST]
+        records = [(g[0][:int(np.argmax(g[1] == KEY))] == g[0][int(np.argmax(g[1] == VALUE_FIRST)) - 1]).sum()
+                   for g in segments]
+        out.append(f"{source}: recall S={S}: value first id {nll.mean():.2f} over {nll.size} queries "
+                   f"(a random record of its store: ln {np.mean(records):.1f} = {np.mean(np.log(records)):.2f})")
     return out
 
 
