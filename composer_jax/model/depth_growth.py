@@ -3,16 +3,17 @@
 `insert_layer(tensors, hf_config, at, scale)` inserts a copy of layer `at` right after it; the
 copy's two residual writes (`self_attn.o_proj`, and the MLP's `down_proj` or every expert's and
 shared expert's) are multiplied by `scale`. With `scale = 0` the grown model computes exactly what
-the original did (the new layer adds nothing to the residual stream) yet its attention can learn;
-a small `scale` starts it as a weak copy of a known head (e.g. a previous-token head, whose copy one
-layer up reads the previous token's previous token: a two-token match a 2-layer model lacks,
-benchmarks/results/rl_coding_ladder.txt section 21). Layers above `at`, MTP layers included
+the original did (the new layer adds nothing to the residual stream) yet its weights get gradients
+through the scaled writes once `scale > 0`; a small `scale` starts it as a weak copy of a trained
+layer (growing a 2-layer copy model this way let it learn a lookup by a key two ids back, which the
+2-layer model did not: benchmarks/results/rl_coding_ladder.txt section 21). Layers above `at`, MTP layers included
 (`model.layers.{num_hidden_layers + k}`), move up by one; `first_k_dense_replace` grows by one
 when the copy is of a dense layer.
 
 `grow_checkpoint(src, dst, at, scale)` does it on an unsharded HF checkpoint directory (one
-`model.safetensors`, the format `save_hf` writes for small models); the whole checkpoint is held in
-host memory, so this is a tool for research-scale models.
+`model.safetensors`, the format `save_hf` writes for small models), copying its other files; the
+whole checkpoint is held in host memory, so this is a tool for research-scale models. `dst` must not
+exist; it appears whole or not at all (written beside it, then renamed).
 
     python -m composer_jax.model.depth_growth SRC DST --at 0 --scale 0.1
 """
@@ -21,9 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import re
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -64,20 +68,31 @@ def insert_layer(tensors: dict[str, np.ndarray], hf_config: dict, at: int,
 
 
 def grow_checkpoint(src: str | pathlib.Path, dst: str | pathlib.Path, at: int, scale: float) -> dict:
-    """Writes `dst` (config.json + model.safetensors): `src` with layer `at` copied after itself.
-    Returns the new config."""
+    """Writes `dst` (a new directory): `src` with layer `at` copied after itself. Returns the new
+    HF config."""
     src, dst = pathlib.Path(src), pathlib.Path(dst)
     weights = src / "model.safetensors"
     if not weights.is_file():
-        raise CheckpointError(f"{src}: no model.safetensors (depth growth reads unsharded checkpoints only; "
-                              "a run workdir's model is written as one by benchmarks/copy_formation.py --save)")
+        raise CheckpointError(f"{src}: no model.safetensors (depth growth reads unsharded HF checkpoints only; "
+                              "write one with composer_jax.model.hf.save_hf or benchmarks/copy_formation.py --save)")
+    if dst.exists():
+        raise CheckpointError(f"{dst} exists: pick a new directory for the grown checkpoint")
     hf_config = json.loads((src / "config.json").read_text())
     if "text_config" in hf_config:
         raise CheckpointError(f"{src}: a nested text_config (Kimi-K2.5 style) is not supported here")
     tensors, config = insert_layer(load_file(weights), hf_config, at, scale)
-    dst.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, dst / "model.safetensors")
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        for other in src.iterdir():
+            if other.is_file() and other.name not in ("model.safetensors", "config.json"):
+                shutil.copy2(other, staging / other.name)
+        save_file(tensors, staging / "model.safetensors")
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        os.rename(staging, dst)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return config
 
 

@@ -53,3 +53,7 @@ def test_bad_requests_are_refused(tmp_path):
         grow_checkpoint(tmp_path / "src", tmp_path / "out", layers, 0.0)
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         grow_checkpoint(DATA / "dense_prefix2_shared2", tmp_path / "out", 0, 0.0)
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(CheckpointError, match="exists"):
+        grow_checkpoint(tmp_path / "src", tmp_path / "taken", 0, 0.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "taken"]   # nothing half-written left
