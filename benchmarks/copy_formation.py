@@ -21,8 +21,10 @@ transformer, a control for the plateau.
 value's first id follows the key 2 ids back, not the last id; `--recall_suffix N`: 0..N more ids
 between key and separator), the lookup an agent's tool-call argument needs; a 2-layer model does
 not learn it, the same model grown to 3 layers (`composer_jax.model.depth_growth`) does
-(rl_coding_ladder.txt section 21). `--save DIR` writes the model as an HF checkpoint that
-`train.init_from=DIR` continues; `--probe SOURCE` measures how far a saved model copies.
+(rl_coding_ladder.txt section 21); `--recall_pairs K` stores each record under one id of a fixed
+cue pair (K pairs) and asks by the other (`paired_recall_segment`). `--save DIR` writes the model as
+an HF checkpoint that `train.init_from=DIR` continues; `--probe SOURCE` measures how far a saved
+model copies.
 
     python benchmarks/copy_formation.py --vocab 64 --length 32 --copy spans --steps 1500
     python benchmarks/copy_formation.py --vocab 4096 --length 32 --model first_k_dense=2 --restrict_softmax \
@@ -47,7 +49,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from composer_jax.config import Config, tiny  # noqa: E402
 from composer_jax.data.copy_rows import source_then_spans  # noqa: E402
-from composer_jax.data.recall_rows import KEY, VALUE_FIRST, VALUE_REST, recall_segment  # noqa: E402
+from composer_jax.data.recall_rows import IGNORED, KEY, VALUE_FIRST, VALUE_REST, recall_segment  # noqa: E402
 from composer_jax.model.hf import save_hf  # noqa: E402
 from composer_jax.model.params import init_model  # noqa: E402
 from composer_jax.train.weights import load_weights  # noqa: E402
@@ -76,6 +78,37 @@ def previous_token_rows(rng: np.random.Generator, vocab: int, length: int, rows:
     for t in range(length, 2 * length):
         x[:, t] = np.where(repeat[:, t], x[:, t - 2], x[:, t])
     return x
+
+
+FIRST_ASKED = 4   # paired_recall_segment: a value's first id at the first query of its cue type
+
+
+def paired_recall_segment(rng: np.random.Generator, length: int, ids: int,
+                          pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A recall segment (`recall_segment`'s layout and kinds, no suffix) whose records are keyed by
+    `pairs[t, 0]` and whose queries ask by `pairs[t, 1]`, for cue types t of a fixed table `pairs`
+    `[K, 2]`: the query's key is not the stored one, as `"file_path": "` is not the traceback's
+    `space` `/`; each pair has to be learnt once. Values and filler are random ids in [0, ids). The
+    first query of each type has kind FIRST_ASKED (no earlier query of that type to match)."""
+    sep = int(rng.integers(0, ids))
+    tokens, kinds, stored = [], [], []
+    for t in rng.permutation(len(pairs)):
+        if len(tokens) >= length // 2:
+            break
+        value = rng.integers(0, ids, int(rng.integers(1, 5)))
+        stored.append((t, value))
+        filler = rng.integers(0, ids, int(rng.integers(0, 4)))
+        tokens += [int(pairs[t, 0]), sep, *value.tolist(), *filler.tolist()]
+        kinds += [IGNORED] * (2 + len(value) + len(filler))
+    asked = set()
+    while len(tokens) < length:
+        t, value = stored[int(rng.integers(0, len(stored)))]
+        filler = rng.integers(0, ids, int(rng.integers(0, 4)))
+        tokens += [int(pairs[t, 1]), sep, *value.tolist(), *filler.tolist()]
+        first = VALUE_FIRST if t in asked else FIRST_ASKED
+        kinds += [IGNORED, KEY, first] + [VALUE_REST] * (len(value) - 1) + [IGNORED] * len(filler)
+        asked.add(t)
+    return np.asarray(tokens[:length], np.int32), np.asarray(kinds[:length], np.int8)
 
 
 def probe(source: str, lengths=(32, 100, 300), rows: int = 16) -> list[str]:
@@ -128,6 +161,9 @@ def main(argv=None) -> int:
     ap.add_argument("--save", default="", help="write the trained model here as an HF checkpoint "
                     "(model.hf.save_hf; `train.init_from=DIR` starts a run from it)")
     ap.add_argument("--recall_suffix", type=int, default=0, help="--copy recall: key suffixes of 0..N ids")
+    ap.add_argument("--recall_pairs", type=int, default=0,
+                    help="--copy recall: K > 0 keys the records by one id of K fixed cue pairs and the queries by "
+                         "the other (paired_recall_segment; the pairs are ids of the first stage)")
     ap.add_argument("--unique", action="store_true", help="sources without repeated ids (needs ids >= --length)")
     ap.add_argument("--prime", type=float, default=0.0,
                     help="share of each batch that is previous-token rows (previous_token_rows)")
@@ -175,6 +211,9 @@ def main(argv=None) -> int:
     if a.unique and any(ids < length for ids, _, length in stages):
         ap.error("--unique needs at least LENGTH ids in every stage")
     plan = [(ids, length) for ids, n, length in stages for _ in range(n)]
+    if a.recall_pairs and not 0 < 2 * a.recall_pairs <= stages[0][0]:
+        ap.error(f"--recall_pairs {a.recall_pairs}: needs 2 x K distinct ids within the first stage's {stages[0][0]}")
+    pairs = np.random.default_rng(1234).permutation(stages[0][0])[:2 * a.recall_pairs].reshape(-1, 2)
 
     def loss_fn(params, x, ids, L):
         logits = nnx.merge(graphdef, params, rest)(x, with_mtp=False).logits
@@ -193,7 +232,8 @@ def main(argv=None) -> int:
 
         def mean(mask):
             return (nll * mask).sum() / jnp.maximum(mask.sum(), 1)
-        return mean(kinds > 0), (mean(kinds == VALUE_FIRST), mean(kinds == VALUE_REST), mean(kinds == KEY))
+        first = (kinds == VALUE_FIRST) | (kinds == FIRST_ASKED)
+        return mean(kinds > 0), (mean(first), mean(kinds == VALUE_REST), mean(kinds == KEY), mean(kinds == FIRST_ASKED))
 
     @functools.partial(jax.jit, static_argnums=3)
     def step(params, state, x, L, ids, kinds=None):
@@ -210,11 +250,16 @@ def main(argv=None) -> int:
     rng, t0 = np.random.default_rng(a.seed), time.time()
     for i, (ids, L) in enumerate(plan, start=1):
         if a.copy == "recall":
-            rows = [recall_segment(rng, 2 * L, (0, ids), max_suffix=a.recall_suffix) for _ in range(a.batch)]
+            if a.recall_pairs:
+                rows = [paired_recall_segment(rng, 2 * L, ids, pairs) for _ in range(a.batch)]
+            else:
+                rows = [recall_segment(rng, 2 * L, (0, ids), max_suffix=a.recall_suffix) for _ in range(a.batch)]
             x, kinds = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
-            params, state, (first, other, key) = step(params, state, jnp.asarray(x), L, ids, jnp.asarray(kinds))
+            params, state, (first, other, key, first_asked) = step(params, state, jnp.asarray(x), L, ids,
+                                                                   jnp.asarray(kinds))
             if i % 100 == 0:
-                print(f"step {i:5d} (ids {ids}, length {2 * L}): recall CE value first id {float(first):.2f}, "
+                asked = f" (first query of its pair {float(first_asked):.2f})" if a.recall_pairs else ""
+                print(f"step {i:5d} (ids {ids}, length {2 * L}): recall CE value first id {float(first):.2f}{asked}, "
                       f"value other ids {float(other):.2f}, key suffix {float(key):.2f}   [{time.time() - t0:.0f} s]",
                       flush=True)
             continue
