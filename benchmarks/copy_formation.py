@@ -215,20 +215,20 @@ def main(argv=None) -> int:
         ap.error(f"--recall_pairs {a.recall_pairs}: needs 2 x K distinct ids within the first stage's {stages[0][0]}")
     pairs = np.random.default_rng(1234).permutation(stages[0][0])[:2 * a.recall_pairs].reshape(-1, 2)
 
-    def loss_fn(params, x, ids, L):
+    def token_nll(params, x, ids):
         logits = nnx.merge(graphdef, params, rest)(x, with_mtp=False).logits
         if a.restrict_softmax:   # the vocabulary curriculum: the softmax over the stage's ids only
             logits = jnp.where(jnp.arange(logits.shape[-1]) < ids, logits, -1e9)
-        nll = -target_logprobs(logits[:, :-1], x[:, 1:])
+        return -target_logprobs(logits[:, :-1], x[:, 1:])
+
+    def loss_fn(params, x, ids, L):
+        nll = token_nll(params, x, ids)
         copy_rows = nll[n_prime:]
         return nll[:, L:].mean(), (copy_rows[:, :L - 1].mean(), copy_rows[:, L:].mean(),
                                    nll[:n_prime, L:].mean() if n_prime else jnp.zeros(()))
 
     def recall_loss_fn(params, x, kinds, ids):
-        logits = nnx.merge(graphdef, params, rest)(x, with_mtp=False).logits
-        if a.restrict_softmax:
-            logits = jnp.where(jnp.arange(logits.shape[-1]) < ids, logits, -1e9)
-        nll, kinds = -target_logprobs(logits[:, :-1], x[:, 1:]), kinds[:, 1:]
+        nll, kinds = token_nll(params, x, ids), kinds[:, 1:]
 
         def mean(mask):
             return (nll * mask).sum() / jnp.maximum(mask.sum(), 1)

@@ -56,8 +56,8 @@ def insert_layer(tensors: dict[str, np.ndarray], hf_config: dict, at: int,
         index, rest = int(match.group(1)), match.group(2)
         out[f"model.layers.{index + 1 if index > at else index}.{rest}"] = value
         if index == at:
-            copy = value * scale if _RESIDUAL_WRITES.search(rest) else value.copy()
-            out[f"model.layers.{at + 1}.{rest}"] = copy.astype(value.dtype)
+            out[f"model.layers.{at + 1}.{rest}"] = ((value * scale).astype(value.dtype)
+                                                    if _RESIDUAL_WRITES.search(rest) else value)
             copied += 1
     if not copied:
         raise CheckpointError(f"layer {at} has no tensors (model.layers.{at}.*) in this checkpoint")
