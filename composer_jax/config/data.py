@@ -73,7 +73,10 @@ class DataConfig:
     claiming a fix without editing: a planted habit for RL to remove, `data.sft_env.hasty_messages`);
     `sft_renames`: that many extra copies of each careful ladder demonstration with its copied names
     and read line numbers replaced at random (`data.sft_rename`), so the samples cannot be imitated
-    by recalling the training tasks, only by copying from the context.
+    by recalling the training tasks, only by copying from the context. `sft_value_weight`: the loss
+    weight of the first token of each string argument value of the oracle's tool calls (which file,
+    which text, what replaces it: the few tokens that decide a call; 1 = every trained token alike;
+    the loss is then a weighted mean, `data.targets`).
     """
 
     # --- corpus ---
@@ -129,6 +132,7 @@ class DataConfig:
     sft_hasty: float = 0.0              # ladder pools: share of tasks with an extra hasty demonstration
     sft_renames: int = 0                # ladder pools: renamed copies per careful demonstration
                                         # (`data.sft_rename`: imitating them needs copying)
+    sft_value_weight: float = 1.0       # loss weight of argument values' first tokens (oracle samples)
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)
     sft_declare_tools: bool = True      # declare tools in the samples' prompt at all (the `sft`
@@ -176,6 +180,10 @@ class DataConfig:
         if self.copy_random_ids and self.copy_source == CopySource.CODE:
             raise ConfigError(f"data.copy_random_ids={self.copy_random_ids} applies to random ids only: "
                               "set data.copy_source=random or recall, or data.copy_random_ids=0")
+        if (isinstance(self.sft_value_weight, bool) or not isinstance(self.sft_value_weight, (int, float))
+                or not 0 < self.sft_value_weight <= 1000):
+            raise ConfigError(f"data.sft_value_weight={self.sft_value_weight!r}: must be a number in (0, 1000] "
+                              "(1 = argument values' first tokens weigh like every other trained token)")
         if self.minhash_perms % self.minhash_bands:
             raise ConfigError(f"data.minhash_bands={self.minhash_bands}: must divide data.minhash_perms="
                               f"{self.minhash_perms}")

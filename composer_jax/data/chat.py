@@ -15,17 +15,24 @@ text. System, user and tool-result turns, tool declarations and BOS are never tr
 Each piece is encoded on its own; pieces meet at special tokens, which the tokenizer matches
 atomically, so the ids equal those of encoding the whole text at once and the mask aligns exactly.
 `encode_prompt` is the matching encoder of a policy's prompt (the same BOS and template).
+
+With `mark_values`, the trainable code of a trained token that begins a tool call's string argument
+value (the token holding the value's first character) is `VALUE_START` (2) instead of 1. These
+few tokens decide what a call does (which file, which text is replaced by which); the input
+pipeline can weigh their loss (`data.sft_value_weight`, `data.targets`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 
 from composer_jax.data import special_tokens as st
 from composer_jax.env import protocol
 
 ASSISTANT_HEADER = protocol.render_prompt([], add_generation_prompt=True)
+TRAINED, VALUE_START = 1, 2     # trainable codes (0 = not trained)
 
 
 def render_messages(messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[tuple[str, bool]]:
@@ -49,20 +56,66 @@ def render_messages(messages: Sequence[dict], tools: Sequence[dict] = ()) -> lis
     return pieces
 
 
-def encode_pieces(tokenizer, pieces: Sequence[tuple[str, bool]]) -> tuple[list[int], list[int]]:
-    """`(ids, trainable)` of rendered pieces, equal lengths; trainable[i] = 1 on trained pieces."""
+def argument_value_starts(text: str) -> list[int]:
+    """Character offsets in `text` (an assistant body) of the first character of each non-empty
+    string argument value of its tool calls, in order. A call whose arguments are not the JSON
+    object `protocol.render_tool_call` writes (as re-serialised) contributes none."""
+    starts: list[int] = []
+    pos = 0
+    while (begin := text.find(protocol.TOOL_CALL_ARG_BEGIN, pos)) >= 0:
+        first = begin + len(protocol.TOOL_CALL_ARG_BEGIN)
+        end = text.find(protocol.TOOL_CALL_END, first)
+        if end < 0:
+            break
+        pos = end
+        try:
+            arguments = json.loads(text[first:end])
+        except ValueError:
+            continue
+        if not isinstance(arguments, dict) or json.dumps(arguments, ensure_ascii=False) != text[first:end]:
+            continue
+        offset = first + 1                                   # past "{"
+        for i, (key, value) in enumerate(arguments.items()):
+            offset += (2 if i else 0) + len(json.dumps(key, ensure_ascii=False)) + 2   # ', ' '"key"' ': '
+            if isinstance(value, str) and value:
+                starts.append(offset + 1)                    # past the opening quote
+            offset += len(json.dumps(value, ensure_ascii=False))
+    return starts
+
+
+def _value_start_codes(tokenizer, text: str) -> tuple[list[int], list[int]]:
+    """(ids, codes) of a trained piece: TRAINED, or VALUE_START on each token that holds the first
+    character of an argument value (`argument_value_starts`)."""
+    ids, spans = tokenizer.encode_offsets(text)
+    codes = [TRAINED] * len(ids)
+    starts = argument_value_starts(text)
+    for i, (lo, hi) in enumerate(spans):
+        if any(lo <= p < hi for p in starts):
+            codes[i] = VALUE_START
+    return ids, codes
+
+
+def encode_pieces(tokenizer, pieces: Sequence[tuple[str, bool]],
+                  mark_values: bool = False) -> tuple[list[int], list[int]]:
+    """`(ids, trainable)` of rendered pieces, equal lengths; trainable[i] = 1 on trained pieces
+    (VALUE_START on the first token of each argument value there, with `mark_values`)."""
     ids: list[int] = []
     trainable: list[int] = []
     for text, is_trainable in pieces:
-        piece = tokenizer.encode(text)
+        if is_trainable and mark_values:
+            piece, codes = _value_start_codes(tokenizer, text)
+        else:
+            piece = tokenizer.encode(text)
+            codes = [int(is_trainable)] * len(piece)
         ids += piece
-        trainable += [int(is_trainable)] * len(piece)
+        trainable += codes
     return ids, trainable
 
 
-def encode_messages(tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()) -> tuple[list[int], list[int]]:
+def encode_messages(tokenizer, messages: Sequence[dict], tools: Sequence[dict] = (),
+                    mark_values: bool = False) -> tuple[list[int], list[int]]:
     """`(ids, trainable)` of a whole conversation; trainable on assistant bodies only (module doc)."""
-    return encode_pieces(tokenizer, render_messages(messages, tools))
+    return encode_pieces(tokenizer, render_messages(messages, tools), mark_values)
 
 
 def encode_prompt(tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:

@@ -32,7 +32,8 @@ def make_train_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_inde
 def make_sft_iterator(cfg: DataConfig, tokenizer, mtp_depth: int, process_index: int, process_count: int,
                       start_state: dict | None = None, *, corpus: Corpus | None = None) -> pipeline.DataIterator:
     """Infinite SFT batches (`data.sft_source`: oracle transcripts or docstring -> function chats);
-    the loss mask covers assistant tokens only; `data.copy_rows` replaces that share of rows by copy
+    the loss mask covers assistant tokens only (argument values' first tokens weigh
+    `data.sft_value_weight`); `data.copy_rows` replaces that share of rows by copy
     rows (which keep an induction circuit alive while the chats train)."""
     corpus = corpus or build_or_load_corpus(cfg)
     store = build_or_load_sft(cfg, corpus, tokenizer)
@@ -85,7 +86,9 @@ def _iterator(cfg: DataConfig, kind: str, store: TokenStore, layout, tokenizer, 
     pipeline.check_mtp_depth(mtp_depth)
     per_host = pipeline.per_host_batch(cfg, process_index, process_count)
     rows = pipeline.RowBuilder(layout, store, tokenizer.special.pad, copy)
-    batches = pipeline.batched_rows(rows, per_host, process_index, process_count, mtp_depth)
+    value_weight = cfg.sft_value_weight if kind == "sft" else 1.0
+    batches = pipeline.batched_rows(rows, per_host, process_index, process_count, mtp_depth,
+                                    value_weight=value_weight)
     meta = {"kind": kind, "data": store.fingerprint, "seq_len": cfg.seq_len, "mtp_depth": mtp_depth,
             "global_batch_size": cfg.global_batch_size, "shuffle_seed": cfg.shuffle_seed,
             "process_index": process_index, "process_count": process_count, "num_workers": cfg.num_workers}
@@ -94,4 +97,6 @@ def _iterator(cfg: DataConfig, kind: str, store: TokenStore, layout, tokenizer, 
             copy.fraction, cfg.copy_source.value, list(copy.random_ids or ()))
         if copy.source_tokens:
             meta["copy_source_tokens"] = copy.source_tokens
+    if value_weight != 1.0:  # only when used, so earlier states still load
+        meta["value_weight"] = value_weight
     return pipeline.iterate(cfg, batches, meta, start_state)

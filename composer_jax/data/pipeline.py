@@ -49,12 +49,14 @@ class RowBuilder:
 
 @dataclasses.dataclass(frozen=True)
 class TargetsBuilder:
-    """grain `map` transform: stacked rows `[B, T]` -> the batch contract."""
+    """grain `map` transform: stacked rows `[B, T]` -> the batch contract (`value_weight`: the loss
+    weight of argument values' first tokens, `targets.loss_weights`)."""
 
     mtp_depth: int
+    value_weight: float = 1.0
 
     def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return targets.add_targets(rows, self.mtp_depth)
+        return targets.add_targets(rows, self.mtp_depth, self.value_weight)
 
 
 class DataIterator:
@@ -98,7 +100,7 @@ def per_host_batch(cfg: DataConfig, process_index: int, process_count: int) -> i
 
 
 def batched_rows(rows: RowBuilder, per_host: int, process_index: int, process_count: int, mtp_depth: int,
-                 num_rows: int | None = None) -> grain.MapDataset:
+                 num_rows: int | None = None, value_weight: float = 1.0) -> grain.MapDataset:
     """MapDataset of this host's batches: infinite (epochs repeat) or over the first `num_rows` rows."""
     if num_rows is None:
         if rows.layout.rows_per_epoch < per_host * process_count:
@@ -109,7 +111,7 @@ def batched_rows(rows: RowBuilder, per_host: int, process_index: int, process_co
     else:
         ds = grain.MapDataset.range(num_rows)
     ds = ds.map_with_index(rows).batch(per_host, drop_remainder=True)
-    return ds[process_index::process_count].map(TargetsBuilder(mtp_depth))
+    return ds[process_index::process_count].map(TargetsBuilder(mtp_depth, value_weight))
 
 
 def iterate(cfg: DataConfig, batches: grain.MapDataset, meta: dict, start_state: dict | None) -> DataIterator:

@@ -19,7 +19,8 @@ consistently by identifiers of the training tasks' sources, `replacement_names`)
 imitated only by copying from the context.
 
 Samples are cached like the docstring ones (`<cache>/sft_env/<key>/`, one TokenStore "sft" with a
-trainable mask, plus `info.json` with the counts), keyed by the pool's manifest, the tokenizer, the
+trainable mask whose code is `chat.VALUE_START` on each argument value's first token, which the
+pipeline weighs by `data.sft_value_weight`, plus `info.json` with the counts), keyed by the pool's manifest, the tokenizer, the
 tool declarations, the chat template, `sft_max_samples` (> 0: only the first that many training
 tasks), `sft_hasty` and `sft_renames` (when > 0), so the episodes run once per pool and
 tokenizer. The environment settings (sandbox, limits) shape only tool-output text and are not part
@@ -110,7 +111,7 @@ def episode_messages(episode) -> list[dict] | None:
 def episode_sample(tokenizer, episode, tools: Sequence[dict]) -> tuple[list[int], list[int]] | None:
     """`(ids, trainable)` of one episode (see `episode_messages`), or None when it is skipped."""
     messages = episode_messages(episode)
-    return None if messages is None else chat.encode_messages(tokenizer, messages, tools)
+    return None if messages is None else chat.encode_messages(tokenizer, messages, tools, mark_values=True)
 
 
 HASTY_FINISH = {"message": "Fixed; the failing tests pass now."}
@@ -168,7 +169,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
     tools = declared_specs(cfg.sft_prompt_tools) if cfg.sft_declare_tools else ()
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
                        "tools": tools, "template": chat.template_fingerprint(),
-                       "max_samples": cfg.sft_max_samples, "v": 1, "plan": PLAN_VERSION,
+                       "max_samples": cfg.sft_max_samples, "v": 2, "plan": PLAN_VERSION,
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
                        **({"renames": cfg.sft_renames, "rename_v": 1} if cfg.sft_renames else {})})
 
@@ -178,7 +179,8 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                             "them runs the agent's episode loop, which was not given: run `python "
                             "launch.py --experiment=sft` with this data config (it builds them), or pass "
                             "episode_loop=composer_jax.agent.episode.run_episode")
-        counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0, "hasty": 0,
+        counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0,
+                  "value_start_tokens": 0, "hasty": 0,
                   "renamed": 0}
         skipped: list[str] = []
         names = replacement_names(cfg.sft_pool) if cfg.sft_renames else []
@@ -197,17 +199,18 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     hasty = hasty_messages(episode_messages(episode))
                     if hasty is not None:
                         counts["hasty"] += 1
-                        samples.append(chat.encode_messages(tokenizer, hasty, tools))
+                        samples.append(chat.encode_messages(tokenizer, hasty, tools, mark_values=True))
                 if task.kind in LADDER_KINDS and cfg.sft_renames:
                     careful = episode_messages(episode)
                     for k in range(cfg.sft_renames):
                         renamed = renamed_messages(careful, names, random.Random(f"{task.task_id}/rename/{k}"))
                         counts["renamed"] += 1
-                        samples.append(chat.encode_messages(tokenizer, renamed, tools))
+                        samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
                 for s in samples:
                     counts["samples"] += 1
                     counts["sample_tokens"] += len(s[0])
-                    counts["trained_tokens"] += sum(s[1])
+                    counts["trained_tokens"] += sum(1 for t in s[1] if t)
+                    counts["value_start_tokens"] += sum(1 for t in s[1] if t == chat.VALUE_START)
                     yield s
 
         shards.write_store(out, "sft", docs(), shards.token_dtype(tokenizer.vocab_size))

@@ -64,7 +64,7 @@ class SpecialIds:
 class Tokenizer:
     """A `tokenizers.Tokenizer` with composer_jax's special tokens guaranteed atomic.
 
-    encode(text) -> list[int]; encode_batch(texts) -> list[list[int]]; decode(ids) -> str;
+    encode(text) -> list[int]; encode_offsets(text) -> (ids, spans); encode_batch(texts) -> list[list[int]]; decode(ids) -> str;
     vocab_size (embedding rows needed); special (SpecialIds); save(path); fingerprint.
     """
 
@@ -86,6 +86,11 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """`(ids, offsets)`: offsets[i] = (start, end) character span of `text` that token i covers."""
+        encoding = self.hf.encode(text, add_special_tokens=False)
+        return list(encoding.ids), [tuple(o) for o in encoding.offsets]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]

@@ -29,6 +29,8 @@ def test_defaults_are_valid_and_typed():
     ("source_roots", ["/tmp"], "tuple of directory paths"),
     ("tokenizer_path", "/nonexistent/tokenizer.json", "no such file"),
     ("max_files", True, "data.max_files"),
+    ("sft_value_weight", 0.0, r"data.sft_value_weight=0.0: must be a number in \(0, 1000\]"),
+    ("sft_value_weight", True, "data.sft_value_weight"),
 ])
 def test_invalid_values_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message):

@@ -70,6 +70,20 @@ def _docs(rng, n, max_len):
     return [list(rng.integers(17, 600, size=int(rng.integers(1, max_len)))) for _ in range(n)]
 
 
+def test_value_start_targets_carry_the_value_weight():
+    """trainable code 2 (an argument value's first token) weighs `value_weight` in every mask that
+    targets it; code 1 weighs 1; padding and other documents stay 0; weight 1 gives the 0/1 mask."""
+    rows = {"tokens": np.arange(10, 18)[None], "positions": np.arange(8)[None],
+            "segment_ids": np.array([[1, 1, 1, 1, 1, 1, 0, 0]]),
+            "trainable": np.array([[0, 0, 1, 2, 1, 2, 2, 0]], np.uint8)}
+    batch = add_targets(rows, 1, value_weight=5.0)
+    assert batch["loss_mask"][0].tolist() == [0, 1, 5, 1, 5, 0, 0, 0]
+    assert batch["mtp_mask"][0, 0].tolist() == [1, 5, 1, 5, 0, 0, 0, 0]
+    plain = add_targets(rows, 1)
+    assert plain["loss_mask"][0].tolist() == [0, 1, 1, 1, 1, 0, 0, 0]
+    assert (plain["targets"] == batch["targets"]).all()
+
+
 def test_stream_layout_reassembles_documents(tmp_path):
     rng = np.random.default_rng(0)
     docs = _docs(rng, 40, 50)

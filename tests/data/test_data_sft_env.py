@@ -54,7 +54,7 @@ def _assistant_bodies(messages) -> list[str]:
 
 def _trained_runs(ids, trainable) -> list[list[int]]:
     """The maximal runs of consecutive trainable ids."""
-    mask = np.asarray(trainable)
+    mask = np.asarray(trainable) != 0
     edges = np.flatnonzero(np.diff(np.r_[0, mask, 0]))
     return [list(ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
 
@@ -94,6 +94,37 @@ def test_mask_covers_exactly_the_assistant_turns(small_data):
         assert ids[:start] == chat.encode_prompt(tok, messages[:k], TOOL_SPECS)
 
 
+def test_argument_value_starts():
+    args = {"file_path": "a.py", "n": 3, "e": "", "u": "\u00e9\u65e5 x", "q": '"hi"', "f": None}
+    text = "pre" + protocol.render_assistant("thinking", [("edit", args), ("finish", {"message": "ok"})])
+    assert [text[s] for s in chat.argument_value_starts(text)] == ["a", "\u00e9", "\\", "o"]
+    broken = (protocol.TOOL_CALL_BEGIN + "functions.x:0" + protocol.TOOL_CALL_ARG_BEGIN + '{"a": "b"'
+              + protocol.TOOL_CALL_END)
+    assert len(chat.argument_value_starts(broken + text)) == 4      # the malformed call adds none
+    spaced = text.replace('"file_path": ', '"file_path":  ')        # not how calls are rendered
+    assert len(chat.argument_value_starts(spaced)) == 1             # that call is skipped, not mis-marked
+
+
+def test_argument_values_first_tokens_are_marked(small_data):
+    """mark_values: the same ids and trained tokens; code VALUE_START exactly on the token holding
+    each string argument value's first character."""
+    _, _, tok = small_data
+    messages = _transcript()
+    plain_ids, plain = chat.encode_messages(tok, messages, TOOL_SPECS)
+    ids, marked = chat.encode_messages(tok, messages, TOOL_SPECS, mark_values=True)
+    assert ids == plain_ids and [t != 0 for t in marked] == [t != 0 for t in plain]
+    assert set(plain) == {0, 1} and set(marked) == {0, chat.TRAINED, chat.VALUE_START}
+    values = [v for m in messages if m["role"] == "assistant" for c in m["tool_calls"]
+              for v in c["arguments"].values()]
+    firsts = [i for i, t in enumerate(marked) if t == chat.VALUE_START]
+    assert len(firsts) == len(values) == 5
+    for i, value in zip(firsts, values):
+        before, through = tok.decode(ids[:i]), tok.decode(ids[:i + 1])
+        assert before.rsplit('": ', 1)[1] in ("", '"')               # the value has not begun
+        started = through.rsplit('": "', 1)[1]
+        assert started and value.startswith(started)                 # it has, with this token
+
+
 def _episode(resolved=True, stop="finish", invalid=0):
     return types.SimpleNamespace(grade=types.SimpleNamespace(resolved=resolved), stop_reason=stop,
                                  num_invalid_calls=invalid, messages=_transcript() + [
@@ -104,7 +135,8 @@ def test_unresolved_or_unfinished_episodes_are_skipped(small_data):
     _, _, tok = small_data
     messages = sft_env.episode_messages(_episode())
     assert messages == _transcript()  # the trailing finish echo is dropped
-    assert sft_env.episode_sample(tok, _episode(), TOOL_SPECS) == chat.encode_messages(tok, messages, TOOL_SPECS)
+    assert sft_env.episode_sample(tok, _episode(), TOOL_SPECS) == chat.encode_messages(tok, messages, TOOL_SPECS,
+                                                                                     mark_values=True)
     for bad in (_episode(resolved=False), _episode(stop="max_turns"), _episode(invalid=1)):
         assert sft_env.episode_messages(bad) is None
         assert sft_env.episode_sample(tok, bad, TOOL_SPECS) is None
@@ -190,6 +222,13 @@ def test_env_oracle_source_end_to_end(small_data, tiny_pool):
     batch = next(make_sft_iterator(cfg, tok, 1, 0, 1, corpus=corpus))
     mask = batch["loss_mask"][0] > 0
     assert tok.decode(batch["targets"][0][mask]) == "".join(bodies)
+    # argument values' first tokens are marked in the store and weigh data.sft_value_weight
+    firsts = [ids[i] for i, t in enumerate(trainable) if t == chat.VALUE_START]
+    assert info["value_start_tokens"] == len(firsts) == 5
+    weighted = next(make_sft_iterator(dataclasses.replace(cfg, sft_value_weight=4.0), tok, 1, 0, 1, corpus=corpus))
+    assert sorted(set(weighted["loss_mask"][0].tolist())) == [0.0, 1.0, 4.0]
+    assert weighted["targets"][0][weighted["loss_mask"][0] == 4].tolist() == firsts
+    assert ((weighted["loss_mask"][0] > 0) == mask).all()
 
 
 def test_oracle_text_is_what_the_sample_trains(small_data, tiny_pool):
