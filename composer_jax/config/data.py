@@ -76,7 +76,9 @@ class DataConfig:
     by recalling the training tasks, only by copying from the context. `sft_value_weight`: the loss
     weight of the first token of each string argument value of the oracle's tool calls (which file,
     which text, what replaces it: the few tokens that decide a call; 1 = every trained token alike;
-    the loss is then a weighted mean, `data.targets`).
+    the loss is then a weighted mean, `data.targets`). `sft_turn_windows`: each assistant turn of
+    the careful and renamed ladder demonstrations also as a short sample of its own, after only the
+    message it answers (`data.sft_env.turn_windows`): many more edit calls per trained token.
     """
 
     # --- corpus ---
@@ -133,6 +135,8 @@ class DataConfig:
     sft_renames: int = 0                # ladder pools: renamed copies per careful demonstration
                                         # (`data.sft_rename`: imitating them needs copying)
     sft_value_weight: float = 1.0       # loss weight of argument values' first tokens (oracle samples)
+    sft_turn_windows: bool = False      # ladder pools: each assistant turn of the careful and renamed
+                                        # demonstrations also alone, after the one message it answers
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)
     sft_declare_tools: bool = True      # declare tools in the samples' prompt at all (the `sft`

@@ -134,6 +134,14 @@ def hasty_messages(messages: list[dict]) -> list[dict] | None:
                                     "tool_calls": [c.to_json() for c in turn.tool_calls]}]
 
 
+def turn_windows(messages: list[dict]) -> list[list[dict]]:
+    """`[message before it, assistant turn]` for each assistant turn of a conversation after the
+    first message (`data.sft_turn_windows`): the turn with only the text it answers, short samples
+    that each train one turn (an edit call right after the traceback it copies from)."""
+    return [[messages[k - 1], messages[k]] for k in range(1, len(messages))
+            if messages[k]["role"] == "assistant" and messages[k - 1]["role"] != "system"]
+
+
 def oracle_episodes(pool_dir: str | Path, episode_loop, env_cfg=None, workers: int = 1, limit: int = 0,
                     progress: bool = False):
     """`(task, episode)` for the first `limit` (0 = all) training tasks of the pool, in task-id order,
@@ -171,7 +179,8 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                        "tools": tools, "template": chat.template_fingerprint(),
                        "max_samples": cfg.sft_max_samples, "v": 2, "plan": PLAN_VERSION,
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
-                       **({"renames": cfg.sft_renames, "rename_v": 1} if cfg.sft_renames else {})})
+                       **({"renames": cfg.sft_renames, "rename_v": 1} if cfg.sft_renames else {}),
+                       **({"turn_windows": 1} if cfg.sft_turn_windows else {})})
 
     def build(out: Path) -> None:
         if episode_loop is None:
@@ -180,7 +189,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                             "launch.py --experiment=sft` with this data config (it builds them), or pass "
                             "episode_loop=composer_jax.agent.episode.run_episode")
         counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0,
-                  "value_start_tokens": 0, "hasty": 0,
+                  "value_start_tokens": 0, "hasty": 0, "windows": 0,
                   "renamed": 0}
         skipped: list[str] = []
         names = replacement_names(cfg.sft_pool) if cfg.sft_renames else []
@@ -195,17 +204,24 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     skipped.append(f"{task.task_id} ({_why_skipped(episode)})")
                     continue
                 samples = [sample]
+                careful = episode_messages(episode)
+                conversations = [careful]
                 if task.kind in LADDER_KINDS and is_hasty(task.task_id, cfg.sft_hasty):
-                    hasty = hasty_messages(episode_messages(episode))
+                    hasty = hasty_messages(careful)
                     if hasty is not None:
                         counts["hasty"] += 1
                         samples.append(chat.encode_messages(tokenizer, hasty, tools, mark_values=True))
                 if task.kind in LADDER_KINDS and cfg.sft_renames:
-                    careful = episode_messages(episode)
                     for k in range(cfg.sft_renames):
                         renamed = renamed_messages(careful, names, random.Random(f"{task.task_id}/rename/{k}"))
                         counts["renamed"] += 1
+                        conversations.append(renamed)
                         samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
+                if task.kind in LADDER_KINDS and cfg.sft_turn_windows:
+                    for messages in conversations:
+                        for window in turn_windows(messages):
+                            counts["windows"] += 1
+                            samples.append(chat.encode_messages(tokenizer, window, (), mark_values=True))
                 for s in samples:
                     counts["samples"] += 1
                     counts["sample_tokens"] += len(s[0])

@@ -125,6 +125,17 @@ def test_argument_values_first_tokens_are_marked(small_data):
         assert started and value.startswith(started)                 # it has, with this token
 
 
+def test_turn_windows_train_one_turn_after_what_it_answers(small_data):
+    _, _, tok = small_data
+    messages = _transcript()
+    windows = sft_env.turn_windows(messages)
+    assert windows == [messages[1:3], messages[3:5], messages[5:7]]
+    for window, body in zip(windows, _assistant_bodies(messages)):
+        ids, trainable = chat.encode_messages(tok, window, (), mark_values=True)
+        assert [tok.decode(r) for r in _trained_runs(ids, trainable)] == [body]
+        assert tok.decode(ids).startswith(st.BOS + protocol.render_prompt([window[0]], add_generation_prompt=False))
+
+
 def _episode(resolved=True, stop="finish", invalid=0):
     return types.SimpleNamespace(grade=types.SimpleNamespace(resolved=resolved), stop_reason=stop,
                                  num_invalid_calls=invalid, messages=_transcript() + [
