@@ -5,7 +5,7 @@ plus the disjointness of held-out modules from every training row actually used.
     python benchmarks/rl_coding_ladder.py --policy POLICY --config RUN [--split eval|train]
                                           [--greedy] [--tasks N] [--show K]
     python benchmarks/rl_coding_ladder.py --policy POLICY --demos --pool POOL [--split eval|train] [--tasks N]
-                                          [--show K]
+                                          [--show K] [--attention]
     python benchmarks/rl_coding_ladder.py --policy POLICY --copy_probe
 
 For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir): the held-out
@@ -23,7 +23,9 @@ rl.temperature; prints resolved +- SE, valid-call rate and outcome classes.
 
 With --policy, --demos and --pool: `demo_scores`, the policy's teacher-forced CE and argmax accuracy
 per assistant token on the oracle demonstrations of N tasks of the split (no generation); --show K
-prints the first K edit calls token by token, each miss with the argmax and the target's probability.
+prints the first K edit calls token by token, each miss with the argmax and the target's probability;
+per argument, how often its value's first token is the argmax; --attention adds, per layer, where the
+heads look at those tokens (an earlier copy of the token to write, the token before one, which tokens).
 
 With --policy and --copy_probe: `copy_probe`, the policy's CE on the first and second copy of repeated
 random token sequences (does it copy from its context at all).
@@ -38,6 +40,7 @@ import argparse
 import json
 import math
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -47,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from composer_jax.rl.batch_metrics import OUTCOMES  # noqa: E402
 from composer_jax.data.special_tokens import ALL_SPECIAL_TOKENS  # noqa: E402
+from composer_jax.data.chat import VALUE_START  # noqa: E402
 
 SHORT = {"resolved": "res", "finish_no_edit": "fin_noedit", "finish_wrong_edit": "fin_wrong",
          "no_finish_edited": "nofin_edit", "no_finish_no_edit": "nofin_noedit", "error": "err"}
@@ -221,14 +225,18 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
             "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)] + shown
 
 
-def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0) -> list[str]:
+def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
+                attention: bool = False) -> list[str]:
     """Teacher-forced scores of `policy` on the scripted oracle demonstrations of the first `n`
     tasks of the pool's `split`, rendered with the policy's prompt: CE and argmax accuracy per
     assistant token, and the share of demonstrations whose every assistant token is the argmax
     (greedy decoding would reproduce them, tool results being equal); the same CE and accuracy
     split between the edit call's tokens (`edit_call_targets`) and every other assistant token.
-    `show` > 0: the edit-call tokens of the first `show` demonstrations, each wrong one followed by
-    [the argmax, the target's probability]: where in the call the copies break."""
+    Then, per argument of the edit call, its value's first token (`chat.VALUE_START`): how often it
+    is the argmax and its mean probability. `show` > 0: the edit-call tokens of the first `show`
+    demonstrations, each wrong one followed by [the argmax, the target's probability]: where in the
+    call the copies break. `attention`: per layer, where its heads look when the model writes those
+    first tokens (`value_attention`)."""
     import concurrent.futures
     import dataclasses
 
@@ -260,9 +268,12 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0) -
     forward = jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits[0], -1))
     nll, hit, total, exact, shown = 0.0, 0, 0, 0, []
     part_nll, part_hit, part_total = np.zeros(2), np.zeros(2), np.zeros(2)   # [edit call, rest]
+    firsts: dict[str, list] = {}      # argument -> [(argmax right, p of the target)]
+    looks: list[tuple[list, int, list]] = []
     for ids, mask in samples:
         lp = np.asarray(forward(jnp.asarray([ids], jnp.int32)))[:-1]
         tgt, m = np.asarray(ids[1:]), np.asarray(mask[1:], bool)
+        value_first = np.asarray(mask[1:]) == VALUE_START
         token_nll = -lp[np.arange(len(tgt)), tgt]
         nll += float(token_nll[m].sum())
         right = lp.argmax(-1) == tgt
@@ -273,6 +284,12 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0) -
             part_nll[i] += token_nll[part].sum()
             part_hit[i] += right[part].sum()
             part_total[i] += part.sum()
+        starts = np.flatnonzero(edit & value_first)
+        for k in starts:
+            name = re.search(r'"(\w+)": "?$', tok.decode(list(ids[max(0, k - 7):k + 1])))
+            firsts.setdefault(name.group(1) if name else "?", []).append((bool(right[k]), float(np.exp(-token_nll[k]))))
+        if attention and len(starts):
+            looks += [(ids, k, maps) for k, maps in zip(starts, value_attention(model, ids, starts))]
         if len(shown) < show:
             shown.append("  edit call: " + " ".join(
                 repr(tok.decode([int(tgt[k])])) + ("" if right[k] else
@@ -283,7 +300,65 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0) -
     return [f"policy {policy} (step {weights.step}) on the oracle demonstrations of {len(samples)} "
             f"{split} tasks (teacher-forced): CE {nll / total:.3f} per assistant token, argmax "
             f"accuracy {hit / total:.3f} ({total} tokens), demonstrations reproduced exactly "
-            f"{exact}/{len(samples)}", f"  per part: {parts}", *shown]
+            f"{exact}/{len(samples)}", f"  per part: {parts}",
+            "  edit call, each value's first token: " + "; ".join(
+                f"{name} argmax {sum(r for r, _ in v)}/{len(v)}, mean p {np.mean([p for _, p in v]):.3f}"
+                for name, v in firsts.items()),
+            *(attention_summary(tok, looks) if attention else []), *shown]
+
+
+def value_attention(model, ids, positions) -> list[list[np.ndarray]]:
+    """For each target index k of `positions` (the model at token k writes ids[k + 1]): the
+    attention of every layer over the tokens <= k, `[heads, k + 1]` per layer. The attention
+    probabilities are captured from `composer_jax.model.attention._latent_attention`, wrapped for
+    this one forward pass (the same softmax; the model's output is not used)."""
+    import jax
+    import jax.numpy as jnp
+
+    from composer_jax.model import attention as attn
+
+    captured: list[np.ndarray] = []
+    original = attn._latent_attention
+
+    def capturing(q, c, k_pe, wkv_b, q_seg, kv_seg, q_idx, kv_idx, scale, kv_block, n_nope, dtype):
+        k, v = attn.mla_kv(n_nope, dtype, wkv_b, c, k_pe)
+        logits = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
+        mask = attn.attention_mask(q_seg, kv_seg, q_idx, kv_idx)
+        probs = jax.nn.softmax(jnp.where(mask[:, None], logits, -1e30), -1)
+        jax.debug.callback(lambda p: captured.append(np.asarray(p)), probs[0])
+        return jnp.einsum("bhts,bshd->bthd", probs.astype(v.dtype), v)
+
+    attn._latent_attention = capturing
+    try:
+        model(jnp.asarray([ids], jnp.int32), with_mtp=False)
+    finally:
+        attn._latent_attention = original
+    return [[layer[:, k, :k + 1] for layer in captured] for k in positions]
+
+
+def attention_summary(tok, looks) -> list[str]:
+    """Per layer, over every head at every edit-call value start: the share whose most attended
+    token is an earlier copy of the value's first token (the copy a head could write), or the token
+    just before one (the source's context, one step early), and the tokens most attended."""
+    from collections import Counter
+
+    out = []
+    layers = len(looks[0][2]) if looks else 0
+    for layer in range(layers):
+        on_copy = before_copy = heads = 0
+        tops = Counter()
+        for ids, k, maps in looks:
+            target = ids[k + 1]
+            for row in maps[layer]:
+                top = int(np.argmax(row))
+                heads += 1
+                on_copy += ids[top] == target
+                before_copy += top + 1 <= k and ids[top + 1] == target
+                tops[tok.decode([int(ids[top])])] += 1
+        out.append(f"  attention at those tokens, layer {layer}: top on an earlier copy of the target "
+                   f"{on_copy}/{heads}, on the token before one {before_copy}/{heads}; most attended "
+                   + ", ".join(f"{t!r} {c}" for t, c in tops.most_common(4)))
+    return out
 
 
 def edit_call_targets(tok, ids, targets_mask: np.ndarray) -> np.ndarray:
@@ -347,6 +422,8 @@ def main(argv=None) -> int:
                     "token by token)")
     ap.add_argument("--demos", action="store_true",
                     help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
+    ap.add_argument("--attention", action="store_true",
+                    help="with --demos: where each layer's heads look when the edit call's values start")
     ap.add_argument("--copy_probe", action="store_true",
                     help="with --policy: CE on repeated random token sequences (copying from context)")
     ap.add_argument("--copy_length", type=int, default=100,
@@ -361,7 +438,7 @@ def main(argv=None) -> int:
         print("\n".join(copy_probe(a.policy, length=a.copy_length, ids=a.copy_ids)))
         return 0
     if a.policy and a.demos:
-        print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks, a.show)))
+        print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks, a.show, a.attention)))
         return 0
     if a.policy:
         print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks, a.show)))
