@@ -57,3 +57,29 @@ def test_bad_requests_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="exists"):
         grow_checkpoint(tmp_path / "src", tmp_path / "taken", 0, 0.0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "taken"]   # nothing half-written left
+
+
+def test_a_fresh_layer_is_random_at_the_copied_scale_and_silent_at_scale_zero(tmp_path):
+    from safetensors.numpy import load_file
+
+    golden = np.load(DATA / "dense_prefix2_shared2" / "golden.npz")
+    _, model = load_hf(DATA / "dense_prefix2_shared2")
+    save_hf(model, tmp_path / "src")
+    logits, _ = _logits(model, golden["input_ids"])
+    grow_checkpoint(tmp_path / "src", tmp_path / "fresh", 0, 0.0, fresh_seed=3)
+    _, grown = load_hf(tmp_path / "fresh")
+    np.testing.assert_allclose(_logits(grown, golden["input_ids"])[0], logits, atol=1e-5 * np.abs(logits).max())
+    grow_checkpoint(tmp_path / "src", tmp_path / "fresh1", 0, 1.0, fresh_seed=3)
+    grow_checkpoint(tmp_path / "src", tmp_path / "copy1", 0, 1.0)
+    fresh, copy = load_file(tmp_path / "fresh1" / "model.safetensors"), load_file(tmp_path / "copy1" / "model.safetensors")
+    new = [n for n in fresh if n.startswith("model.layers.1.")]
+    assert new and sorted(new) == sorted(n for n in copy if n.startswith("model.layers.1."))
+    for name in new:
+        if name.endswith("norm.weight") or fresh[name].ndim < 2:
+            np.testing.assert_array_equal(fresh[name], copy[name])            # norms and vectors copied
+        else:
+            assert not np.allclose(fresh[name], copy[name])
+            np.testing.assert_allclose(fresh[name].std(), copy[name].std(), rtol=0.2)
+    for name in fresh:                                                        # every other layer as it was
+        if not name.startswith("model.layers.1."):
+            np.testing.assert_array_equal(fresh[name], copy[name])
