@@ -339,24 +339,28 @@ def value_attention(model, ids, positions) -> list[list[np.ndarray]]:
 def attention_summary(tok, looks) -> list[str]:
     """Per layer, over every head at every edit-call value start: the share whose most attended
     token is an earlier copy of the value's first token (the copy a head could write), or the token
-    just before one (the source's context, one step early), and the tokens most attended."""
+    just before one (the source's context, one step early), the mean weight of the most attended
+    token (near 1: saturated heads), and the tokens most attended."""
     from collections import Counter
 
     out = []
     layers = len(looks[0][2]) if looks else 0
     for layer in range(layers):
         on_copy = before_copy = heads = 0
+        top_weight = 0.0
         tops = Counter()
         for ids, k, maps in looks:
             target = ids[k + 1]
             for row in maps[layer]:
                 top = int(np.argmax(row))
                 heads += 1
+                top_weight += float(row[top])
                 on_copy += ids[top] == target
                 before_copy += top + 1 <= k and ids[top + 1] == target
                 tops[tok.decode([int(ids[top])])] += 1
         out.append(f"  attention at those tokens, layer {layer}: top on an earlier copy of the target "
-                   f"{on_copy}/{heads}, on the token before one {before_copy}/{heads}; most attended "
+                   f"{on_copy}/{heads}, on the token before one {before_copy}/{heads}; mean top weight "
+                   f"{top_weight / max(heads, 1):.2f}; most attended "
                    + ", ".join(f"{t!r} {c}" for t, c in tops.most_common(4)))
     return out
 
