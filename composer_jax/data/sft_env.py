@@ -137,7 +137,8 @@ def hasty_messages(messages: list[dict]) -> list[dict] | None:
 def turn_windows(messages: list[dict]) -> list[list[dict]]:
     """`[message before it, assistant turn]` for each assistant turn of a conversation after the
     first message (`data.sft_turn_windows`): the turn with only the text it answers, short samples
-    that each train one turn (an edit call right after the traceback it copies from)."""
+    that each train one turn (an edit call right after the traceback it copies from). They are
+    encoded without tool declarations or system prompt."""
     return [[messages[k - 1], messages[k]] for k in range(1, len(messages))
             if messages[k]["role"] == "assistant" and messages[k - 1]["role"] != "system"]
 

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from composer_jax.data import chat, sft_env
+from composer_jax.data import chat, sft_env, targets
 from composer_jax.data import special_tokens as st
 from composer_jax.data.config import SftSource
 from composer_jax.data.errors import DataError
@@ -114,6 +114,7 @@ def test_argument_values_first_tokens_are_marked(small_data):
     ids, marked = chat.encode_messages(tok, messages, TOOL_SPECS, mark_values=True)
     assert ids == plain_ids and [t != 0 for t in marked] == [t != 0 for t in plain]
     assert set(plain) == {0, 1} and set(marked) == {0, chat.TRAINED, chat.VALUE_START}
+    assert targets.VALUE_START == chat.VALUE_START            # the pipeline weighs the code chat writes
     values = [v for m in messages if m["role"] == "assistant" for c in m["tool_calls"]
               for v in c["arguments"].values()]
     firsts = [i for i, t in enumerate(marked) if t == chat.VALUE_START]
