@@ -29,10 +29,11 @@ import json
 from collections.abc import Sequence
 
 from composer_jax.data import special_tokens as st
+from composer_jax.data.targets import VALUE_START
 from composer_jax.env import protocol
 
 ASSISTANT_HEADER = protocol.render_prompt([], add_generation_prompt=True)
-TRAINED, VALUE_START = 1, 2     # trainable codes (0 = not trained)
+TRAINED = 1     # trainable codes: 0 = not trained, TRAINED, or VALUE_START (data.targets)
 
 
 def render_messages(messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[tuple[str, bool]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-VALUE_START = 2     # = composer_jax.data.chat.VALUE_START (chat imports the environment; this stays light)
+VALUE_START = 2     # trainable code of an argument value's first token (written by data.chat)
 
 
 def loss_weights(trainable: np.ndarray, value_weight: float = 1.0) -> np.ndarray:
