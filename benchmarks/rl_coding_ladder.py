@@ -226,7 +226,7 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
 
 
 def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
-                attention: bool = False) -> list[str]:
+                attention: bool = False, edit_windows: bool = False) -> list[str]:
     """Teacher-forced scores of `policy` on the scripted oracle demonstrations of the first `n`
     tasks of the pool's `split`, rendered with the policy's prompt: CE and argmax accuracy per
     assistant token, and the share of demonstrations whose every assistant token is the argmax
@@ -236,7 +236,9 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     is the argmax and its mean probability. `show` > 0: the edit-call tokens of the first `show`
     demonstrations, each wrong one followed by [the argmax, the target's probability]: where in the
     call the copies break. `attention`: per layer, where its heads look when the model writes those
-    first tokens (`value_attention`)."""
+    first tokens (`value_attention`). `edit_windows`: score each demonstration's edit turns alone,
+    after only the tool output they answer (`data.sft_env.turn_windows`, as `data.sft_turn_windows=
+    edit_only` trains them) instead of the whole demonstration."""
     import concurrent.futures
     import dataclasses
 
@@ -245,7 +247,8 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
 
     from composer_jax.agent.episode import run_episode
     from composer_jax.api import load_config
-    from composer_jax.data.sft_env import episode_sample
+    from composer_jax.data import chat
+    from composer_jax.data.sft_env import episode_messages, episode_sample, turn_windows
     from composer_jax.data.tokenizer import load_tokenizer
     from composer_jax.env.tasks.ladder_plan import oracle_agent
     from composer_jax.env.tasks.pool import TaskPool
@@ -262,7 +265,11 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         eps = list(ex.map(lambda t: run_episode(oracle_agent(t, pool.task_dir(t.task_id)), t,
                                                 pool.task_dir(t.task_id), env), tasks))
-    samples = [s for s in (episode_sample(tok, e, tools) for e in eps) if s is not None]
+    if edit_windows:
+        samples = [chat.encode_messages(tok, w, (), mark_values=True) for e in eps
+                   for w in turn_windows(episode_messages(e) or [], edits_only=True)]
+    else:
+        samples = [s for s in (episode_sample(tok, e, tools) for e in eps) if s is not None]
     weights = load_weights(str(run.resolve()), cfg)
     model = weights.model()
     forward = jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits[0], -1))
@@ -298,7 +305,7 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     parts = "; ".join(f"{name} {int(n)} tokens, accuracy {h / max(n, 1):.3f}, CE {c / max(n, 1):.3f}"
                       for name, n, h, c in zip(("edit call", "the rest"), part_total, part_hit, part_nll))
     return [f"policy {policy} (step {weights.step}) on the oracle demonstrations of {len(samples)} "
-            f"{split} tasks (teacher-forced): CE {nll / total:.3f} per assistant token, argmax "
+            f"{split} tasks{' (their edit turns alone)' if edit_windows else ''} (teacher-forced): CE {nll / total:.3f} per assistant token, argmax "
             f"accuracy {hit / total:.3f} ({total} tokens), demonstrations reproduced exactly "
             f"{exact}/{len(samples)}", f"  per part: {parts}",
             "  edit call, each value's first token: " + "; ".join(
@@ -428,6 +435,8 @@ def main(argv=None) -> int:
                     help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
     ap.add_argument("--attention", action="store_true",
                     help="with --demos: where each layer's heads look when the edit call's values start")
+    ap.add_argument("--edit_windows", action="store_true",
+                    help="with --demos: score the edit turns alone, after only the tool output they answer")
     ap.add_argument("--copy_probe", action="store_true",
                     help="with --policy: CE on repeated random token sequences (copying from context)")
     ap.add_argument("--copy_length", type=int, default=100,
@@ -442,7 +451,7 @@ def main(argv=None) -> int:
         print("\n".join(copy_probe(a.policy, length=a.copy_length, ids=a.copy_ids)))
         return 0
     if a.policy and a.demos:
-        print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks, a.show, a.attention)))
+        print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks, a.show, a.attention, a.edit_windows)))
         return 0
     if a.policy:
         print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks, a.show)))

@@ -69,6 +69,10 @@ def _enum(value, typ, where):
     for m in typ:
         if value == m.value or (isinstance(value, str) and value.lower() == m.name.lower()):
             return m
+    try:
+        return typ(value)      # the enum's own aliases (its `_missing_`: e.g. the bool a field once was)
+    except ValueError:
+        pass
     raise ConfigError(f"{where}: {value!r} is not a valid {typ.__name__}; expected one of "
                       f"{[m.value for m in typ]}")
 

@@ -55,6 +55,23 @@ class CopySource(str, enum.Enum):
     RECALL = "recall"   # key-value records then queries of them (data/recall_rows.py); needs copy_source_tokens
 
 
+class TurnWindows(str, enum.Enum):
+    """Which short samples of single assistant turns (`data.sft_env.turn_windows`: the turn after
+    only the message it answers) a ladder pool's oracle SFT store holds."""
+
+    NONE = "none"            # whole demonstrations only
+    ALL = "all"              # whole demonstrations, and a window of every assistant turn of the
+                             # careful and renamed ones
+    EDIT_ONLY = "edit_only"  # only the windows of turns that call an edit tool: the traceback, then the
+                             # edit (no whole demonstration, no hasty one)
+
+    @classmethod
+    def _missing_(cls, value):
+        """The field was a bool before: true meant `all`, false `none` (configs of earlier runs)."""
+        aliases = {True: cls.ALL, "true": cls.ALL, False: cls.NONE, "false": cls.NONE}
+        return aliases.get(value.lower() if isinstance(value, str) else value) if isinstance(value, (bool, str)) else None
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Settings of the data side of pretraining and SFT.
@@ -76,9 +93,10 @@ class DataConfig:
     by recalling the training tasks, only by copying from the context. `sft_value_weight`: the loss
     weight of the first token of each string argument value of the oracle's tool calls (which file,
     which text, what replaces it: the few tokens that decide a call; 1 = every trained token alike;
-    the loss is then a weighted mean, `data.targets`). `sft_turn_windows`: each assistant turn of
-    the careful and renamed ladder demonstrations also as a short sample of its own, after only the
-    message it answers (`data.sft_env.turn_windows`): many more edit calls per trained token.
+    the loss is then a weighted mean, `data.targets`). `sft_turn_windows` (TurnWindows): assistant
+    turns of the careful and renamed ladder demonstrations also as short samples of their own, after
+    only the message each answers (`data.sft_env.turn_windows`): many more edit calls per trained
+    token; `edit_only` keeps only the edit turns' windows (a phase that trains the edit call alone).
     """
 
     # --- corpus ---
@@ -135,8 +153,8 @@ class DataConfig:
     sft_renames: int = 0                # ladder pools: renamed copies per careful demonstration
                                         # (`data.sft_rename`: imitating them needs copying)
     sft_value_weight: float = 1.0       # loss weight of argument values' first tokens (oracle samples)
-    sft_turn_windows: bool = False      # ladder pools: each assistant turn of the careful and renamed
-                                        # demonstrations also alone, after the one message it answers
+    sft_turn_windows: TurnWindows = TurnWindows.NONE  # ladder pools: none | all | edit_only (single
+                                        # assistant turns alone, after the one message each answers)
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)
     sft_declare_tools: bool = True      # declare tools in the samples' prompt at all (the `sft`
@@ -153,6 +171,12 @@ class DataConfig:
             if self.copy_source not in valid:
                 raise ConfigError(f"data.copy_source={self.copy_source!r}: valid values are {valid}")
             object.__setattr__(self, "copy_source", CopySource(self.copy_source))
+        if not isinstance(self.sft_turn_windows, TurnWindows):
+            try:
+                object.__setattr__(self, "sft_turn_windows", TurnWindows(self.sft_turn_windows))
+            except ValueError:
+                raise ConfigError(f"data.sft_turn_windows={self.sft_turn_windows!r}: valid values are "
+                                  f"{[w.value for w in TurnWindows]}") from None
         if not isinstance(self.sft_source, SftSource):
             valid = [s.value for s in SftSource]
             if self.sft_source not in valid:

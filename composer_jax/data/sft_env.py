@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from composer_jax.data import chat, shards
 from composer_jax.data.cache import build_once, stable_hash
-from composer_jax.data.config import DataConfig, resolved_cache_dir
+from composer_jax.data.config import DataConfig, TurnWindows, resolved_cache_dir
 from composer_jax.data.errors import DataError
 from composer_jax.data.sft_rename import name_pool, renamed_messages
 from composer_jax.env.config import EnvConfig
@@ -51,6 +51,7 @@ from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tools import declared_specs
 
 TRAIN_SPLIT = "train"
+EDIT_TOOLS = frozenset({"search_replace", "write_file"})   # the tools whose calls change a file's text
 MANIFEST = "manifest.json"
 
 
@@ -134,13 +135,15 @@ def hasty_messages(messages: list[dict]) -> list[dict] | None:
                                     "tool_calls": [c.to_json() for c in turn.tool_calls]}]
 
 
-def turn_windows(messages: list[dict]) -> list[list[dict]]:
+def turn_windows(messages: list[dict], edits_only: bool = False) -> list[list[dict]]:
     """`[message before it, assistant turn]` for each assistant turn of a conversation after the
     first message (`data.sft_turn_windows`): the turn with only the text it answers, short samples
     that each train one turn (an edit call right after the traceback it copies from). They are
-    encoded without tool declarations or system prompt."""
+    encoded without tool declarations or system prompt. `edits_only`: only the turns that call an
+    edit tool (`EDIT_TOOLS`)."""
     return [[messages[k - 1], messages[k]] for k in range(1, len(messages))
-            if messages[k]["role"] == "assistant" and messages[k - 1]["role"] != "system"]
+            if messages[k]["role"] == "assistant" and messages[k - 1]["role"] != "system"
+            and (not edits_only or any(c["name"] in EDIT_TOOLS for c in messages[k].get("tool_calls", ())))]
 
 
 def oracle_episodes(pool_dir: str | Path, episode_loop, env_cfg=None, workers: int = 1, limit: int = 0,
@@ -181,7 +184,9 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                        "max_samples": cfg.sft_max_samples, "v": 2, "plan": PLAN_VERSION,
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
                        **({"renames": cfg.sft_renames, "rename_v": 1} if cfg.sft_renames else {}),
-                       **({"turn_windows": 1} if cfg.sft_turn_windows else {})})
+                       **({"turn_windows": 1} if cfg.sft_turn_windows == TurnWindows.ALL else
+                          {"turn_windows": cfg.sft_turn_windows.value} if cfg.sft_turn_windows != TurnWindows.NONE
+                          else {})})
 
     def build(out: Path) -> None:
         if episode_loop is None:
@@ -204,23 +209,25 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     counts["skipped"] += 1
                     skipped.append(f"{task.task_id} ({_why_skipped(episode)})")
                     continue
-                samples = [sample]
+                ladder = task.kind in LADDER_KINDS
+                edit_only = ladder and cfg.sft_turn_windows == TurnWindows.EDIT_ONLY
+                samples = [] if edit_only else [sample]
                 careful = episode_messages(episode)
                 conversations = [careful]
-                if task.kind in LADDER_KINDS and is_hasty(task.task_id, cfg.sft_hasty):
+                if ladder and not edit_only and is_hasty(task.task_id, cfg.sft_hasty):
                     hasty = hasty_messages(careful)
                     if hasty is not None:
                         counts["hasty"] += 1
                         samples.append(chat.encode_messages(tokenizer, hasty, tools, mark_values=True))
-                if task.kind in LADDER_KINDS and cfg.sft_renames:
+                if ladder and cfg.sft_renames:
                     for k in range(cfg.sft_renames):
                         renamed = renamed_messages(careful, names, random.Random(f"{task.task_id}/rename/{k}"))
                         counts["renamed"] += 1
                         conversations.append(renamed)
                         samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
-                if task.kind in LADDER_KINDS and cfg.sft_turn_windows:
+                if ladder and cfg.sft_turn_windows != TurnWindows.NONE:
                     for messages in conversations:
-                        for window in turn_windows(messages):
+                        for window in turn_windows(messages, edits_only=edit_only):
                             counts["windows"] += 1
                             samples.append(chat.encode_messages(tokenizer, window, (), mark_values=True))
                 for s in samples:

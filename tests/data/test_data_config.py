@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from composer_jax.data.config import DataConfig, SplitPattern, resolved_cache_dir
+from composer_jax.data.config import DataConfig, SplitPattern, TurnWindows, resolved_cache_dir
 from composer_jax.errors import ConfigError
 
 
@@ -16,6 +16,10 @@ def test_defaults_are_valid_and_typed():
     for field in dataclasses.fields(cfg):
         assert isinstance(getattr(cfg, field.name), (int, float, str, bool, tuple)), field.name
     assert DataConfig(split_pattern="cl100k").split_pattern is SplitPattern.CL100K
+    assert DataConfig(sft_turn_windows="edit_only").sft_turn_windows is TurnWindows.EDIT_ONLY
+    # configs written while it was a bool still load, as what they meant
+    assert DataConfig(sft_turn_windows=True).sft_turn_windows is TurnWindows.ALL
+    assert DataConfig(sft_turn_windows=False).sft_turn_windows is TurnWindows.NONE
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -31,6 +35,7 @@ def test_defaults_are_valid_and_typed():
     ("max_files", True, "data.max_files"),
     ("sft_value_weight", 0.0, r"data.sft_value_weight=0.0: must be a number in \(0, 1000\]"),
     ("sft_value_weight", True, "data.sft_value_weight"),
+    ("sft_turn_windows", "edits", r"data.sft_turn_windows='edits': valid values are \['none', 'all', 'edit_only'\]"),
 ])
 def test_invalid_values_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message):

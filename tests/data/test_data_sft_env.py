@@ -137,6 +137,13 @@ def test_turn_windows_train_one_turn_after_what_it_answers(small_data):
         assert tok.decode(ids).startswith(st.BOS + protocol.render_prompt([window[0]], add_generation_prompt=False))
 
 
+def test_edit_windows_keep_only_the_turns_that_edit():
+    messages = _transcript()
+    assert sft_env.turn_windows(messages, edits_only=True) == [messages[1:3]]   # the search_replace turn
+    no_edit = [m for m in messages if not m.get("tool_calls") or m["tool_calls"][0]["name"] != "search_replace"]
+    assert sft_env.turn_windows(no_edit, edits_only=True) == []
+
+
 def _episode(resolved=True, stop="finish", invalid=0):
     return types.SimpleNamespace(grade=types.SimpleNamespace(resolved=resolved), stop_reason=stop,
                                  num_invalid_calls=invalid, messages=_transcript() + [
@@ -241,6 +248,31 @@ def test_env_oracle_source_end_to_end(small_data, tiny_pool):
     assert sorted(set(weighted["loss_mask"][0].tolist())) == [0.0, 1.0, 4.0]
     assert weighted["targets"][0][weighted["loss_mask"][0] == 4].tolist() == firsts
     assert ((weighted["loss_mask"][0] > 0) == mask).all()
+
+
+def test_edit_only_store_holds_just_the_edit_windows(small_data, tiny_pool, monkeypatch, tmp_path):
+    """data.sft_turn_windows=edit_only on a ladder pool: no whole demonstration, one sample per edit
+    turn (the turn after only the message it answers); the store has its own cache key. (The tiny
+    pool's "bug" task stands in for a ladder kind.)"""
+    from composer_jax.agent.episode import run_episode
+    from composer_jax.env.config import EnvConfig
+
+    cfg, corpus, tok = small_data
+    monkeypatch.setattr(sft_env, "LADDER_KINDS", ("bug",))
+    cfg = dataclasses.replace(cfg, sft_source=SftSource.ENV_ORACLE, sft_pool=str(tiny_pool), seq_len=4096,
+                              global_batch_size=1, sft_turn_windows="edit_only", cache_dir=str(tmp_path))
+    store = build_or_load_sft(cfg, corpus, tok, EnvConfig(command_timeout_s=10.0, use_embeddings=False), run_episode)
+    info = sft_env.store_info(store)
+    assert (info["tasks"], info["samples"], info["windows"], info["skipped"]) == (2, 1, 1, 1)
+    ids, trainable = store.doc(0).tolist(), store.trainable(0).tolist()
+    text = tok.decode(ids)
+    assert protocol.SYSTEM_PROMPT not in text and "test_add fails" in text       # the user's message only
+    [body] = [tok.decode(r) for r in _trained_runs(ids, trainable)]
+    assert body.split(protocol.TOOL_CALL_ARG_BEGIN)[0].endswith(protocol.call_id("search_replace", 0))
+    assert sum(t == chat.VALUE_START for t in trainable) == 3                  # file, old text, new text
+    whole = dataclasses.replace(cfg, sft_turn_windows="none")
+    assert build_or_load_sft(whole, corpus, tok, EnvConfig(command_timeout_s=10.0, use_embeddings=False),
+                             run_episode).directory != store.directory
 
 
 def test_oracle_text_is_what_the_sample_trains(small_data, tiny_pool):
