@@ -49,6 +49,11 @@ def test_config_json_round_trip():
                                      "model.rope.scaling=yarn"], SECTION_PRESETS)
     again = from_dict(Config, json.loads(json.dumps(to_dict(cfg))))
     assert again == cfg
+    # an enum field that was a bool before (data.sft_turn_windows): the old JSON and flag still load
+    old = json.loads(json.dumps(to_dict(cfg)))
+    old["data"]["sft_turn_windows"] = True
+    assert from_dict(Config, old).data.sft_turn_windows.value == "all"
+    assert apply_overrides(Config(), ["data.sft_turn_windows=false"], SECTION_PRESETS).data.sft_turn_windows.value == "none"
 
 
 @pytest.mark.parametrize("override, needle", [
