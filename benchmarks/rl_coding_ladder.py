@@ -226,7 +226,7 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
 
 
 def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
-                attention: bool = False, edit_windows: bool = False) -> list[str]:
+                attention: bool = False, edit_windows: str = "") -> list[str]:
     """Teacher-forced scores of `policy` on the scripted oracle demonstrations of the first `n`
     tasks of the pool's `split`, rendered with the policy's prompt: CE and argmax accuracy per
     assistant token, and the share of demonstrations whose every assistant token is the argmax
@@ -236,9 +236,10 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     is the argmax and its mean probability. `show` > 0: the edit-call tokens of the first `show`
     demonstrations, each wrong one followed by [the argmax, the target's probability]: where in the
     call the copies break. `attention`: per layer, where its heads look when the model writes those
-    first tokens (`value_attention`). `edit_windows`: score each demonstration's edit turns alone,
-    after only the tool output they answer (`data.sft_env.turn_windows`, as `data.sft_turn_windows=
-    edit_only` trains them) instead of the whole demonstration."""
+    first tokens (`value_attention`). `edit_windows` "whole": score each demonstration's edit turns
+    alone, after only the tool output they answer (`data.sft_env.turn_windows`, as `data.sft_turn_windows=
+    edit_only` trains them) instead of the whole demonstration; "tails": that output cut to its last
+    traceback frame (`tail_window`, as `edit_tails` trains them)."""
     import concurrent.futures
     import dataclasses
 
@@ -248,7 +249,7 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     from composer_jax.agent.episode import run_episode
     from composer_jax.api import load_config
     from composer_jax.data import chat
-    from composer_jax.data.sft_env import episode_messages, episode_sample, turn_windows
+    from composer_jax.data.sft_env import episode_messages, episode_sample, tail_window, turn_windows
     from composer_jax.data.tokenizer import load_tokenizer
     from composer_jax.env.tasks.ladder_plan import oracle_agent
     from composer_jax.env.tasks.pool import TaskPool
@@ -266,8 +267,9 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
         eps = list(ex.map(lambda t: run_episode(oracle_agent(t, pool.task_dir(t.task_id)), t,
                                                 pool.task_dir(t.task_id), env), tasks))
     if edit_windows:
-        samples = [chat.encode_messages(tok, w, (), mark_values=True) for e in eps
-                   for w in turn_windows(episode_messages(e) or [], edits_only=True)]
+        windows = [w for e in eps for w in turn_windows(episode_messages(e) or [], edits_only=True)]
+        windows = [tail_window(w) for w in windows] if edit_windows == "tails" else windows
+        samples = [chat.encode_messages(tok, w, (), mark_values=True) for w in windows if w is not None]
     else:
         samples = [s for s in (episode_sample(tok, e, tools) for e in eps) if s is not None]
     weights = load_weights(str(run.resolve()), cfg)
@@ -305,7 +307,7 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     parts = "; ".join(f"{name} {int(n)} tokens, accuracy {h / max(n, 1):.3f}, CE {c / max(n, 1):.3f}"
                       for name, n, h, c in zip(("edit call", "the rest"), part_total, part_hit, part_nll))
     return [f"policy {policy} (step {weights.step}) on the oracle demonstrations of {len(samples)} "
-            f"{split} tasks{' (their edit turns alone)' if edit_windows else ''} (teacher-forced): CE {nll / total:.3f} per assistant token, argmax "
+            f"{split} tasks{f' (their edit turns alone, {edit_windows} outputs)' if edit_windows else ''} (teacher-forced): CE {nll / total:.3f} per assistant token, argmax "
             f"accuracy {hit / total:.3f} ({total} tokens), demonstrations reproduced exactly "
             f"{exact}/{len(samples)}", f"  per part: {parts}",
             "  edit call, each value's first token: " + "; ".join(
@@ -435,8 +437,9 @@ def main(argv=None) -> int:
                     help="with --policy and --pool: teacher-forced scores on oracle demonstrations")
     ap.add_argument("--attention", action="store_true",
                     help="with --demos: where each layer's heads look when the edit call's values start")
-    ap.add_argument("--edit_windows", action="store_true",
-                    help="with --demos: score the edit turns alone, after only the tool output they answer")
+    ap.add_argument("--edit_windows", default="", choices=("", "whole", "tails"),
+                    help="with --demos: score the edit turns alone, after only the tool output they answer "
+                    "(whole, or cut to its last traceback frame: tails)")
     ap.add_argument("--copy_probe", action="store_true",
                     help="with --policy: CE on repeated random token sequences (copying from context)")
     ap.add_argument("--copy_length", type=int, default=100,

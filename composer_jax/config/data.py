@@ -64,6 +64,9 @@ class TurnWindows(str, enum.Enum):
                              # careful and renamed ones
     EDIT_ONLY = "edit_only"  # only the windows of turns that call an edit tool: the traceback, then the
                              # edit (no whole demonstration, no hasty one)
+    EDIT_TAILS = "edit_tails"  # edit_only, each tool output cut to its last traceback frame and error
+                             # line (`data.sft_env.traceback_tail`; windows without one are dropped):
+                             # ~3x the edit calls per trained token
 
     @classmethod
     def _missing_(cls, value):
@@ -96,7 +99,8 @@ class DataConfig:
     the loss is then a weighted mean, `data.targets`). `sft_turn_windows` (TurnWindows): assistant
     turns of the careful and renamed ladder demonstrations also as short samples of their own, after
     only the message each answers (`data.sft_env.turn_windows`): many more edit calls per trained
-    token; `edit_only` keeps only the edit turns' windows (a phase that trains the edit call alone).
+    token; `edit_only` keeps only the edit turns' windows (a phase that trains the edit call alone),
+    `edit_tails` those windows with the tool output cut to the last traceback frame and error line.
     """
 
     # --- corpus ---
@@ -153,7 +157,7 @@ class DataConfig:
     sft_renames: int = 0                # ladder pools: renamed copies per careful demonstration
                                         # (`data.sft_rename`: imitating them needs copying)
     sft_value_weight: float = 1.0       # loss weight of argument values' first tokens (oracle samples)
-    sft_turn_windows: TurnWindows = TurnWindows.NONE  # ladder pools: none | all | edit_only (single
+    sft_turn_windows: TurnWindows = TurnWindows.NONE  # ladder pools: none | all | edit_only | edit_tails (single
                                         # assistant turns alone, after the one message each answers)
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)

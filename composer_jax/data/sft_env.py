@@ -146,6 +146,25 @@ def turn_windows(messages: list[dict], edits_only: bool = False) -> list[list[di
             and (not edits_only or any(c["name"] in EDIT_TOOLS for c in messages[k].get("tool_calls", ())))]
 
 
+def traceback_tail(text: str) -> str | None:
+    """The last traceback frame of a tool output and the error line under it (`data.sft_turn_windows=
+    edit_tails`): from the last line that starts with `  File "` through the first line after it
+    that is not indented; None when there is no such frame."""
+    lines = text.split("\n")
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    if not frames:
+        return None
+    end = next((j for j in range(frames[-1] + 1, len(lines)) if lines[j] and not lines[j][0].isspace()), None)
+    return None if end is None else "\n".join(lines[frames[-1]:end + 1])
+
+
+def tail_window(window: list[dict]) -> list[dict] | None:
+    """An edit window with its tool output cut to `traceback_tail`; None when it has none."""
+    answered, turn = window
+    tail = traceback_tail(str(answered.get("content", ""))) if answered["role"] == "tool" else None
+    return None if tail is None else [{**answered, "content": tail}, turn]
+
+
 def oracle_episodes(pool_dir: str | Path, episode_loop, env_cfg=None, workers: int = 1, limit: int = 0,
                     progress: bool = False):
     """`(task, episode)` for the first `limit` (0 = all) training tasks of the pool, in task-id order,
@@ -210,7 +229,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     skipped.append(f"{task.task_id} ({_why_skipped(episode)})")
                     continue
                 ladder = task.kind in LADDER_KINDS
-                edit_only = ladder and cfg.sft_turn_windows == TurnWindows.EDIT_ONLY
+                edit_only = ladder and cfg.sft_turn_windows in (TurnWindows.EDIT_ONLY, TurnWindows.EDIT_TAILS)
                 samples = [] if edit_only else [sample]
                 careful = episode_messages(episode)
                 conversations = [careful]
@@ -228,6 +247,8 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                 if ladder and cfg.sft_turn_windows != TurnWindows.NONE:
                     for messages in conversations:
                         for window in turn_windows(messages, edits_only=edit_only):
+                            if cfg.sft_turn_windows == TurnWindows.EDIT_TAILS and (window := tail_window(window)) is None:
+                                continue
                             counts["windows"] += 1
                             samples.append(chat.encode_messages(tokenizer, window, (), mark_values=True))
                 for s in samples:

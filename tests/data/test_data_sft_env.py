@@ -144,6 +144,20 @@ def test_edit_windows_keep_only_the_turns_that_edit():
     assert sft_env.turn_windows(no_edit, edits_only=True) == []
 
 
+def test_edit_tails_keep_the_last_frame_and_its_error():
+    out = ("----\nTraceback (most recent call last):\n  File \"/workspace/test_m.py\", line 9, in test_a\n"
+           "    m.f()\n  File \"/workspace/m.py\", line 3, in f\n    return _nrm(x)\n           ^^^^\n"
+           "NameError: name '_nrm' is not defined. Did you mean: '_norm'?\n\n----\nRan 2 tests\n\nFAILED (errors=1)")
+    tail = ("  File \"/workspace/m.py\", line 3, in f\n    return _nrm(x)\n           ^^^^\n"
+            "NameError: name '_nrm' is not defined. Did you mean: '_norm'?")
+    assert sft_env.traceback_tail(out) == tail
+    assert sft_env.traceback_tail("OK\n[exit code 0]") is None
+    assert sft_env.traceback_tail('  File "/workspace/m.py", line 3') is None       # no error line under it
+    turn = {"role": "assistant", "content": "", "tool_calls": []}
+    assert sft_env.tail_window([{"role": "tool", "content": out}, turn]) == [{"role": "tool", "content": tail}, turn]
+    assert sft_env.tail_window([{"role": "user", "content": out}, turn]) is None       # only tool outputs
+
+
 def _episode(resolved=True, stop="finish", invalid=0):
     return types.SimpleNamespace(grade=types.SimpleNamespace(resolved=resolved), stop_reason=stop,
                                  num_invalid_calls=invalid, messages=_transcript() + [
