@@ -243,7 +243,8 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                         renamed = renamed_messages(careful, names, random.Random(f"{task.task_id}/rename/{k}"))
                         counts["renamed"] += 1
                         conversations.append(renamed)
-                        samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
+                        if not edit_only:
+                            samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
                 if ladder and cfg.sft_turn_windows != TurnWindows.NONE:
                     for messages in conversations:
                         for window in turn_windows(messages, edits_only=edit_only):

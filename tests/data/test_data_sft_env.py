@@ -273,14 +273,18 @@ def test_edit_only_store_holds_just_the_edit_windows(small_data, tiny_pool, monk
 
     cfg, corpus, tok = small_data
     monkeypatch.setattr(sft_env, "LADDER_KINDS", ("bug",))
+    monkeypatch.setattr(sft_env, "replacement_names", lambda pool: [f"name{i}" for i in range(40)])
     cfg = dataclasses.replace(cfg, sft_source=SftSource.ENV_ORACLE, sft_pool=str(tiny_pool), seq_len=4096,
-                              global_batch_size=1, sft_turn_windows="edit_only", cache_dir=str(tmp_path))
+                              global_batch_size=1, sft_turn_windows="edit_only", sft_renames=2,
+                              cache_dir=str(tmp_path))
     store = build_or_load_sft(cfg, corpus, tok, EnvConfig(command_timeout_s=10.0, use_embeddings=False), run_episode)
     info = sft_env.store_info(store)
-    assert (info["tasks"], info["samples"], info["windows"], info["skipped"]) == (2, 1, 1, 1)
+    # the careful demonstration and its 2 renamed copies each give one edit window, and nothing else
+    assert (info["tasks"], info["renamed"], info["samples"], info["windows"], info["skipped"]) == (2, 2, 3, 3, 1)
     ids, trainable = store.doc(0).tolist(), store.trainable(0).tolist()
     text = tok.decode(ids)
     assert protocol.SYSTEM_PROMPT not in text and "test_add fails" in text       # the user's message only
+    assert all(protocol.SYSTEM_PROMPT not in tok.decode(store.doc(i).tolist()) for i in range(3))
     [body] = [tok.decode(r) for r in _trained_runs(ids, trainable)]
     assert body.split(protocol.TOOL_CALL_ARG_BEGIN)[0].endswith(protocol.call_id("search_replace", 0))
     assert sum(t == chat.VALUE_START for t in trainable) == 3                  # file, old text, new text
