@@ -204,7 +204,8 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
                        **({"renames": cfg.sft_renames, "rename_v": 1} if cfg.sft_renames else {}),
                        **({"turn_windows": 1} if cfg.sft_turn_windows == TurnWindows.ALL else
-                          {"turn_windows": cfg.sft_turn_windows.value} if cfg.sft_turn_windows != TurnWindows.NONE
+                          {"turn_windows": cfg.sft_turn_windows.value, "windows_v": 2}
+                          if cfg.sft_turn_windows != TurnWindows.NONE
                           else {})})
 
     def build(out: Path) -> None:
