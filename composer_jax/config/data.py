@@ -67,6 +67,8 @@ class TurnWindows(str, enum.Enum):
     EDIT_TAILS = "edit_tails"  # edit_only, each tool output cut to its last traceback frame and error
                              # line (`data.sft_env.traceback_tail`; windows without one are dropped):
                              # ~3x the edit calls per trained token
+    EPISODES_AND_EDIT_TAILS = "episodes_and_edit_tails"  # the whole demonstrations (careful, renamed,
+                             # hasty) and the edit tails: the protocol and the lookups together
 
     @classmethod
     def _missing_(cls, value):
@@ -100,7 +102,8 @@ class DataConfig:
     turns of the careful and renamed ladder demonstrations also as short samples of their own, after
     only the message each answers (`data.sft_env.turn_windows`): many more edit calls per trained
     token; `edit_only` keeps only the edit turns' windows (a phase that trains the edit call alone),
-    `edit_tails` those windows with the tool output cut to the last traceback frame and error line.
+    `edit_tails` those windows with the tool output cut to the last traceback frame and error line,
+    `episodes_and_edit_tails` the tails beside the whole demonstrations.
     """
 
     # --- corpus ---
@@ -157,7 +160,8 @@ class DataConfig:
     sft_renames: int = 0                # ladder pools: renamed copies per careful demonstration
                                         # (`data.sft_rename`: imitating them needs copying)
     sft_value_weight: float = 1.0       # loss weight of argument values' first tokens (oracle samples)
-    sft_turn_windows: TurnWindows = TurnWindows.NONE  # ladder pools: none | all | edit_only | edit_tails (single
+    sft_turn_windows: TurnWindows = TurnWindows.NONE  # ladder pools: none | all | edit_only | edit_tails |
+                                        # episodes_and_edit_tails (single
                                         # assistant turns alone, after the one message each answers)
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)

@@ -165,6 +165,20 @@ def tail_window(window: list[dict]) -> list[dict] | None:
     return None if tail is None else [{**answered, "content": tail}, turn]
 
 
+WINDOWS_ONLY = (TurnWindows.EDIT_ONLY, TurnWindows.EDIT_TAILS)    # modes without whole demonstrations
+
+
+def window_samples(conversations: Sequence[list[dict]], mode: TurnWindows) -> list[list[dict]]:
+    """The single-turn samples `data.sft_turn_windows=mode` adds for a ladder task's conversations
+    (its careful demonstration and renamed copies): every turn's window (all), the edit turns'
+    (edit_only), or those cut to their traceback tail (edit_tails, episodes_and_edit_tails)."""
+    if mode == TurnWindows.NONE:
+        return []
+    tails = mode in (TurnWindows.EDIT_TAILS, TurnWindows.EPISODES_AND_EDIT_TAILS)
+    windows = [w for m in conversations for w in turn_windows(m, edits_only=mode != TurnWindows.ALL)]
+    return [t for t in map(tail_window, windows) if t is not None] if tails else windows
+
+
 def oracle_episodes(pool_dir: str | Path, episode_loop, env_cfg=None, workers: int = 1, limit: int = 0,
                     progress: bool = False):
     """`(task, episode)` for the first `limit` (0 = all) training tasks of the pool, in task-id order,
@@ -230,7 +244,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     skipped.append(f"{task.task_id} ({_why_skipped(episode)})")
                     continue
                 ladder = task.kind in LADDER_KINDS
-                edit_only = ladder and cfg.sft_turn_windows in (TurnWindows.EDIT_ONLY, TurnWindows.EDIT_TAILS)
+                edit_only = ladder and cfg.sft_turn_windows in WINDOWS_ONLY
                 samples = [] if edit_only else [sample]
                 careful = episode_messages(episode)
                 conversations = [careful]
@@ -246,13 +260,10 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                         conversations.append(renamed)
                         if not edit_only:
                             samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
-                if ladder and cfg.sft_turn_windows != TurnWindows.NONE:
-                    for messages in conversations:
-                        for window in turn_windows(messages, edits_only=edit_only):
-                            if cfg.sft_turn_windows == TurnWindows.EDIT_TAILS and (window := tail_window(window)) is None:
-                                continue
-                            counts["windows"] += 1
-                            samples.append(chat.encode_messages(tokenizer, window, (), mark_values=True))
+                if ladder:
+                    for window in window_samples(conversations, cfg.sft_turn_windows):
+                        counts["windows"] += 1
+                        samples.append(chat.encode_messages(tokenizer, window, (), mark_values=True))
                 for s in samples:
                     counts["samples"] += 1
                     counts["sample_tokens"] += len(s[0])

@@ -35,7 +35,8 @@ def test_defaults_are_valid_and_typed():
     ("max_files", True, "data.max_files"),
     ("sft_value_weight", 0.0, r"data.sft_value_weight=0.0: must be a number in \(0, 1000\]"),
     ("sft_value_weight", True, "data.sft_value_weight"),
-    ("sft_turn_windows", "edits", r"data.sft_turn_windows='edits': valid values are \['none', 'all', 'edit_only', 'edit_tails'\]"),
+    ("sft_turn_windows", "edits", r"data.sft_turn_windows='edits': valid values are \['none', 'all', 'edit_only', 'edit_tails',"
+                         r" 'episodes_and_edit_tails'\]"),
 ])
 def test_invalid_values_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message):

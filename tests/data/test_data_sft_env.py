@@ -158,6 +158,28 @@ def test_edit_tails_keep_the_last_frame_and_its_error():
     assert sft_env.tail_window([{"role": "user", "content": out}, turn]) is None       # only tool outputs
 
 
+def test_window_samples_per_mode():
+    """What each data.sft_turn_windows mode adds for a conversation whose edit answers a traceback."""
+    from composer_jax.data.config import TurnWindows
+
+    m = _transcript()
+    traceback = ('Traceback (most recent call last):\n  File "/workspace/mod.py", line 2, in add\n'
+                 "    return a - b\nAssertionError: -1 != 5\n\nFAILED (failures=1)")
+    run = {"role": "assistant", "content": "", "tool_calls": [
+        {"call_id": protocol.call_id("run_terminal_cmd", 0), "name": "run_terminal_cmd",
+         "arguments": {"command": "python -m unittest"}, "raw": "", "error": None}]}
+    conv = [*m[:2], run, {"role": "tool", "tool_call_id": run["tool_calls"][0]["call_id"], "content": traceback}, *m[2:]]
+    edit_turn = conv[4]
+    assert sft_env.window_samples([conv], TurnWindows.NONE) == []
+    assert [w[1] for w in sft_env.window_samples([conv], TurnWindows.ALL)] == [conv[2], conv[4], conv[6], conv[8]]
+    assert sft_env.window_samples([conv], TurnWindows.EDIT_ONLY) == [[conv[3], edit_turn]]
+    tail = {**conv[3], "content": sft_env.traceback_tail(traceback)}
+    for mode in (TurnWindows.EDIT_TAILS, TurnWindows.EPISODES_AND_EDIT_TAILS):
+        assert sft_env.window_samples([conv, conv], mode) == [[tail, edit_turn]] * 2
+    assert sft_env.window_samples([m], TurnWindows.EDIT_TAILS) == []        # that edit answers no traceback
+    assert set(sft_env.WINDOWS_ONLY) == {TurnWindows.EDIT_ONLY, TurnWindows.EDIT_TAILS}
+
+
 def _episode(resolved=True, stop="finish", invalid=0):
     return types.SimpleNamespace(grade=types.SimpleNamespace(resolved=resolved), stop_reason=stop,
                                  num_invalid_calls=invalid, messages=_transcript() + [
