@@ -160,9 +160,9 @@ class DataConfig:
     sft_renames: int = 0                # ladder pools: renamed copies per careful demonstration
                                         # (`data.sft_rename`: imitating them needs copying)
     sft_value_weight: float = 1.0       # loss weight of argument values' first tokens (oracle samples)
-    sft_turn_windows: TurnWindows = TurnWindows.NONE  # ladder pools: none | all | edit_only | edit_tails |
-                                        # episodes_and_edit_tails (single
-                                        # assistant turns alone, after the one message each answers)
+    sft_turn_windows: TurnWindows = TurnWindows.NONE  # ladder pools: single assistant turns alone, after
+                                        # the one message each answers: none | all | edit_only |
+                                        # edit_tails | episodes_and_edit_tails
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)
     sft_declare_tools: bool = True      # declare tools in the samples' prompt at all (the `sft`

@@ -143,7 +143,7 @@ def turn_windows(messages: list[dict], edits_only: bool = False) -> list[list[di
     edit tool (`EDIT_TOOLS`)."""
     return [[messages[k - 1], messages[k]] for k in range(1, len(messages))
             if messages[k]["role"] == "assistant" and messages[k - 1]["role"] != "system"
-            and (not edits_only or any(c["name"] in EDIT_TOOLS for c in messages[k].get("tool_calls", ())))]
+            and (not edits_only or any(c["name"] in EDIT_TOOLS for c in messages[k].get("tool_calls") or ()))]
 
 
 def traceback_tail(text: str) -> str | None:
