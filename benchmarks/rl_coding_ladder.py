@@ -239,7 +239,7 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     first tokens (`value_attention`). `edit_windows` "whole": score each demonstration's edit turns
     alone, after only the tool output they answer (`data.sft_env.turn_windows`, as `data.sft_turn_windows=
     edit_only` trains them) instead of the whole demonstration; "tails": that output cut to its last
-    traceback frame (`tail_window`, as `edit_tails` trains them)."""
+    traceback frame (as `edit_tails` trains them; both `data.sft_env.window_samples`)."""
     import concurrent.futures
     import dataclasses
 
@@ -249,7 +249,8 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     from composer_jax.agent.episode import run_episode
     from composer_jax.api import load_config
     from composer_jax.data import chat
-    from composer_jax.data.sft_env import episode_messages, episode_sample, tail_window, turn_windows
+    from composer_jax.data.config import TurnWindows
+    from composer_jax.data.sft_env import episode_messages, episode_sample, window_samples
     from composer_jax.data.tokenizer import load_tokenizer
     from composer_jax.env.tasks.ladder_plan import oracle_agent
     from composer_jax.env.tasks.pool import TaskPool
@@ -267,9 +268,9 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
         eps = list(ex.map(lambda t: run_episode(oracle_agent(t, pool.task_dir(t.task_id)), t,
                                                 pool.task_dir(t.task_id), env), tasks))
     if edit_windows:
-        windows = [w for e in eps for w in turn_windows(episode_messages(e) or [], edits_only=True)]
-        windows = [tail_window(w) for w in windows] if edit_windows == "tails" else windows
-        samples = [chat.encode_messages(tok, w, (), mark_values=True) for w in windows if w is not None]
+        mode = TurnWindows.EDIT_TAILS if edit_windows == "tails" else TurnWindows.EDIT_ONLY
+        conversations = [m for m in map(episode_messages, eps) if m is not None]
+        samples = [chat.encode_messages(tok, w, (), mark_values=True) for w in window_samples(conversations, mode)]
     else:
         samples = [s for s in (episode_sample(tok, e, tools) for e in eps) if s is not None]
     weights = load_weights(str(run.resolve()), cfg)

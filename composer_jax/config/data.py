@@ -73,8 +73,10 @@ class TurnWindows(str, enum.Enum):
     @classmethod
     def _missing_(cls, value):
         """The field was a bool before: true meant `all`, false `none` (configs of earlier runs)."""
-        aliases = {True: cls.ALL, "true": cls.ALL, False: cls.NONE, "false": cls.NONE}
-        return aliases.get(value.lower() if isinstance(value, str) else value) if isinstance(value, (bool, str)) else None
+        if not isinstance(value, (bool, str)):
+            return None
+        key = value.lower() if isinstance(value, str) else value
+        return {True: cls.ALL, "true": cls.ALL, False: cls.NONE, "false": cls.NONE}.get(key)
 
 
 @dataclasses.dataclass(frozen=True)

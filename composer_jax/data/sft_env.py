@@ -168,6 +168,13 @@ def tail_window(window: list[dict]) -> list[dict] | None:
 WINDOWS_ONLY = (TurnWindows.EDIT_ONLY, TurnWindows.EDIT_TAILS)    # modes without whole demonstrations
 
 
+def _windows_key(mode: TurnWindows) -> dict:
+    """The store-key entries of a windows mode (`all` keeps the key stores built when it was a bool)."""
+    if mode == TurnWindows.NONE:
+        return {}
+    return {"turn_windows": 1} if mode == TurnWindows.ALL else {"turn_windows": mode.value, "windows_v": 2}
+
+
 def window_samples(conversations: Sequence[list[dict]], mode: TurnWindows) -> list[list[dict]]:
     """The single-turn samples `data.sft_turn_windows=mode` adds for a ladder task's conversations
     (its careful demonstration and renamed copies): every turn's window (all), the edit turns'
@@ -217,10 +224,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                        "max_samples": cfg.sft_max_samples, "v": 2, "plan": PLAN_VERSION,
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
                        **({"renames": cfg.sft_renames, "rename_v": 1} if cfg.sft_renames else {}),
-                       **({"turn_windows": 1} if cfg.sft_turn_windows == TurnWindows.ALL else
-                          {"turn_windows": cfg.sft_turn_windows.value, "windows_v": 2}
-                          if cfg.sft_turn_windows != TurnWindows.NONE
-                          else {})})
+                       **_windows_key(cfg.sft_turn_windows)})
 
     def build(out: Path) -> None:
         if episode_loop is None:
@@ -244,11 +248,11 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     skipped.append(f"{task.task_id} ({_why_skipped(episode)})")
                     continue
                 ladder = task.kind in LADDER_KINDS
-                edit_only = ladder and cfg.sft_turn_windows in WINDOWS_ONLY
-                samples = [] if edit_only else [sample]
+                windows_only = ladder and cfg.sft_turn_windows in WINDOWS_ONLY
+                samples = [] if windows_only else [sample]
                 careful = episode_messages(episode)
                 conversations = [careful]
-                if ladder and not edit_only and is_hasty(task.task_id, cfg.sft_hasty):
+                if ladder and not windows_only and is_hasty(task.task_id, cfg.sft_hasty):
                     hasty = hasty_messages(careful)
                     if hasty is not None:
                         counts["hasty"] += 1
@@ -258,7 +262,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                         renamed = renamed_messages(careful, names, random.Random(f"{task.task_id}/rename/{k}"))
                         counts["renamed"] += 1
                         conversations.append(renamed)
-                        if not edit_only:
+                        if not windows_only:
                             samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
                 if ladder:
                     for window in window_samples(conversations, cfg.sft_turn_windows):
