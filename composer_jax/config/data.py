@@ -105,7 +105,9 @@ class DataConfig:
     only the message each answers (`data.sft_env.turn_windows`): many more edit calls per trained
     token; `edit_only` keeps only the edit turns' windows (a phase that trains the edit call alone),
     `edit_tails` those windows with the tool output cut to the last traceback frame and error line,
-    `episodes_and_edit_tails` the tails beside the whole demonstrations.
+    `episodes_and_edit_tails` the tails beside the whole demonstrations. `sft_window_renames`: how many
+    renamed copies give windows (0 = `sft_renames`; more = renamed copies that give only windows, so
+    the short samples take a larger share of each batch than the whole demonstrations).
     """
 
     # --- corpus ---
@@ -165,6 +167,7 @@ class DataConfig:
     sft_turn_windows: TurnWindows = TurnWindows.NONE  # ladder pools: single assistant turns alone, after
                                         # the one message each answers: none | all | edit_only |
                                         # edit_tails | episodes_and_edit_tails
+    sft_window_renames: int = 0         # renamed copies that give windows (0 = sft_renames)
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)
     sft_declare_tools: bool = True      # declare tools in the samples' prompt at all (the `sft`
@@ -236,6 +239,7 @@ _INT_MINIMUMS = {
     "minhash_bands": 1, "shingle_size": 1, "build_workers": 0, "vocab_size": 512, "tokenizer_train_bytes": 1,
     "seq_len": 2, "global_batch_size": 1, "num_threads": 0, "prefetch_buffer_size": 0, "num_workers": 0,
     "eval_max_batches": 0, "copy_random_ids": 0, "copy_source_tokens": 0, "sft_max_samples": 0, "sft_renames": 0,
+    "sft_window_renames": 0,
     "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
 }
 _FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),

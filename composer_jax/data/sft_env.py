@@ -175,6 +175,14 @@ def _windows_key(mode: TurnWindows) -> dict:
     return {"turn_windows": 1} if mode == TurnWindows.ALL else {"turn_windows": mode.value, "windows_v": 2}
 
 
+def _window_renames(cfg: DataConfig) -> int:
+    """How many renamed copies of a demonstration give windows (`data.sft_window_renames`, 0 = as
+    many as give whole demonstrations; without windows, `sft_renames`)."""
+    if cfg.sft_turn_windows == TurnWindows.NONE:
+        return cfg.sft_renames
+    return cfg.sft_window_renames or cfg.sft_renames
+
+
 def window_samples(conversations: Sequence[list[dict]], mode: TurnWindows) -> list[list[dict]]:
     """The single-turn samples `data.sft_turn_windows=mode` adds for a ladder task's conversations
     (its careful demonstration and renamed copies): every turn's window (all), the edit turns'
@@ -218,13 +226,15 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
     missing one is a DataError. `info.json` next to the store counts tasks, samples and skipped
     episodes."""
     manifest_bytes = json.dumps(pool_manifest(cfg.sft_pool), sort_keys=True).encode("utf-8")
+    window_renames = _window_renames(cfg)
     tools = declared_specs(cfg.sft_prompt_tools) if cfg.sft_declare_tools else ()
     key = stable_hash({"pool": hashlib.sha256(manifest_bytes).hexdigest(), "tokenizer": tokenizer.fingerprint,
                        "tools": tools, "template": chat.template_fingerprint(),
                        "max_samples": cfg.sft_max_samples, "v": 2, "plan": PLAN_VERSION,
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
                        **({"renames": cfg.sft_renames, "rename_v": 1} if cfg.sft_renames else {}),
-                       **_windows_key(cfg.sft_turn_windows)})
+                       **_windows_key(cfg.sft_turn_windows),
+                       **({"window_renames": window_renames} if window_renames != cfg.sft_renames else {})})
 
     def build(out: Path) -> None:
         if episode_loop is None:
@@ -236,7 +246,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                   "value_start_tokens": 0, "hasty": 0, "windows": 0,
                   "renamed": 0}
         skipped: list[str] = []
-        names = replacement_names(cfg.sft_pool) if cfg.sft_renames else []
+        names = replacement_names(cfg.sft_pool) if max(cfg.sft_renames, window_renames) else []
 
         def docs():
             workers = cfg.build_workers or 2
@@ -257,15 +267,14 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     if hasty is not None:
                         counts["hasty"] += 1
                         samples.append(chat.encode_messages(tokenizer, hasty, tools, mark_values=True))
-                if ladder and cfg.sft_renames:
-                    for k in range(cfg.sft_renames):
+                if ladder:
+                    for k in range(max(cfg.sft_renames, window_renames)):
                         renamed = renamed_messages(careful, names, random.Random(f"{task.task_id}/rename/{k}"))
                         counts["renamed"] += 1
                         conversations.append(renamed)
-                        if not windows_only:
+                        if k < cfg.sft_renames and not windows_only:
                             samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
-                if ladder:
-                    for window in window_samples(conversations, cfg.sft_turn_windows):
+                    for window in window_samples(conversations[:1 + window_renames], cfg.sft_turn_windows):
                         counts["windows"] += 1
                         samples.append(chat.encode_messages(tokenizer, window, (), mark_values=True))
                 for s in samples:

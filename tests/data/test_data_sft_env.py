@@ -315,6 +315,31 @@ def test_edit_only_store_holds_just_the_edit_windows(small_data, tiny_pool, monk
                              run_episode).directory != store.directory
 
 
+def test_window_renames_add_windows_without_whole_demonstrations(small_data, tiny_pool, monkeypatch, tmp_path):
+    """data.sft_window_renames=3 beside sft_renames=1: the careful demonstration and one renamed copy
+    as whole samples, the windows of the careful one and three renamed copies; its own cache key."""
+    from composer_jax.agent.episode import run_episode
+    from composer_jax.env.config import EnvConfig
+
+    cfg, corpus, tok = small_data
+    monkeypatch.setattr(sft_env, "LADDER_KINDS", ("bug",))
+    monkeypatch.setattr(sft_env, "replacement_names", lambda pool: [f"name{i}" for i in range(40)])
+    env = EnvConfig(command_timeout_s=10.0, use_embeddings=False)
+    cfg = dataclasses.replace(cfg, sft_source=SftSource.ENV_ORACLE, sft_pool=str(tiny_pool), seq_len=4096,
+                              global_batch_size=1, sft_turn_windows="all", sft_renames=1, cache_dir=str(tmp_path))
+    same = build_or_load_sft(cfg, corpus, tok, env, run_episode)
+    more = build_or_load_sft(dataclasses.replace(cfg, sft_window_renames=3), corpus, tok, env, run_episode)
+    one, three = sft_env.store_info(same), sft_env.store_info(more)
+    assert (one["renamed"], three["renamed"]) == (1, 3)
+    per_conversation = one["windows"] // 2                            # careful + 1 renamed copy
+    assert per_conversation > 0 and one["samples"] == 2 + 2 * per_conversation
+    assert three["windows"] == 4 * per_conversation and three["samples"] == 2 + 4 * per_conversation
+    assert more.directory != same.directory
+    # sft_window_renames equal to sft_renames is the store without it (the key of earlier stores)
+    assert build_or_load_sft(dataclasses.replace(cfg, sft_window_renames=1), corpus, tok, env,
+                             run_episode).directory == same.directory
+
+
 def test_oracle_text_is_what_the_sample_trains(small_data, tiny_pool):
     """The trained text of each assistant turn is exactly what the agent emitted, plus <|im_end|>."""
     from composer_jax.env.agents import OracleAgent
