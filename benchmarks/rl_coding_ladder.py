@@ -167,6 +167,15 @@ def disjoint(pool_dir: str, sft_run: str, runs: list[pathlib.Path]) -> tuple[lis
     return out, total
 
 
+def _policy_run(policy: str):
+    """(run directory, its Config) of a policy given as WORKDIR or WORKDIR@STEP."""
+    from composer_jax.api import load_config
+    from composer_jax.train.run_checkpoint import parse_run_source
+
+    run_dir, _ = parse_run_source(policy)
+    return pathlib.Path(run_dir), load_config(pathlib.Path(run_dir) / "config.json")
+
+
 def policy_prompt(env, policy_dir: pathlib.Path):
     """`env` with the prompt the policy's run used (its config's env.prompt_tools and
     env.declare_tools: an SFT run's samples, an RL run's adopted prompt)."""
@@ -247,7 +256,6 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     import jax.numpy as jnp
 
     from composer_jax.agent.episode import run_episode
-    from composer_jax.api import load_config
     from composer_jax.data import chat
     from composer_jax.data.config import TurnWindows
     from composer_jax.data.sft_env import episode_messages, episode_sample, window_samples
@@ -257,8 +265,7 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
     from composer_jax.env.tools import declared_specs
     from composer_jax.train.weights import load_weights
 
-    run = pathlib.Path(policy)
-    cfg = load_config(run / "config.json")
+    run, cfg = _policy_run(policy)
     tools = declared_specs(cfg.env.prompt_tools) if cfg.env.declare_tools else ()
     tok = load_tokenizer(run / "tokenizer.json")
     pool = TaskPool(pathlib.Path(pool_dir))
@@ -273,7 +280,7 @@ def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
         samples = [chat.encode_messages(tok, w, (), mark_values=True) for w in window_samples(conversations, mode)]
     else:
         samples = [s for s in (episode_sample(tok, e, tools) for e in eps) if s is not None]
-    weights = load_weights(str(run.resolve()), cfg)
+    weights = load_weights(policy, cfg)
     model = weights.model()
     forward = jax.jit(lambda x: jax.nn.log_softmax(model(x, with_mtp=False).logits[0], -1))
     nll, hit, total, exact, shown = 0.0, 0, 0, 0, []
@@ -403,13 +410,11 @@ def copy_probe(policy: str, n: int = 16, length: int = 100, seed: int = 0, ids: 
     import jax
     import jax.numpy as jnp
 
-    from composer_jax.api import load_config
     from composer_jax.train.losses import target_logprobs
     from composer_jax.train.weights import load_weights
 
-    run = pathlib.Path(policy)
-    cfg = load_config(run / "config.json")
-    weights = load_weights(str(run.resolve()), cfg)
+    _, cfg = _policy_run(policy)
+    weights = load_weights(policy, cfg)
     model = weights.model()
     vocab = cfg.model.vocab_size
     low, high = (len(ALL_SPECIAL_TOKENS), len(ALL_SPECIAL_TOKENS) + ids) if ids else (vocab // 4, vocab)

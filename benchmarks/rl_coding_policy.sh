@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The level-1 coding policy of issue 41 from nothing, one stage after another; a stage whose output
+# exists is skipped, so the script resumes after a stop (an interrupted SFT run resumes from its own
+# checkpoint). Results and what each stage measured: benchmarks/results/rl_coding_ladder.txt,
+# sections 14-24. Usage (repository root):
+#   bash benchmarks/rl_coding_policy.sh [RUNS_DIR]     (default runs; PYTHON=... picks the interpreter)
+# Stages and their time alone on 2 CPU cores (upper bounds, measured beside other jobs):
+#   pool       level-1 tasks, 400 training + 64 held-out, sandbox-verified            ~20 min
+#   tokenizer  the cpt_small byte-level BPE (4096 ids) of the local code corpus        ~10 min
+#   copy       a 2-layer tiny model with a 64-dim KV latent learns to copy: the vocabulary
+#              curriculum, then longer sources (copy_formation_kv64.txt)               ~25 min
+#   recall     grown to 3 layers (layer 0 copied, x 0.1), recall rows: a lookup by key
+#              (recall_formation_3layers.txt)                                          ~15 min
+#   grow       a fresh 4th layer inserted after layer 2 (x 0.1)                          seconds
+#   sft        the oracle demonstrations of training tasks (careful, hasty, renamed) beside edit
+#              tails (the edit turn after only the last traceback frame it copies from), recall
+#              rows, value-start tokens weighted                                       ~2 s/step
+set -euo pipefail
+R=${1:-runs}
+PY=${PYTHON:-python}
+SFT_STEPS=${SFT_STEPS:-2400}
+mkdir -p "$R"
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+log "pool (tops up to the counts; a complete pool is kept as it is)"
+$PY launch.py --experiment=env_ladder --workdir="$R/ladder1" --set rl.task.levels=1 \
+  --set rl.task.ladder_train=400 --set rl.task.ladder_heldout=64
+if [ ! -e "$R/tcode2/tokenizer.json" ]; then
+  log "tokenizer"
+  mkdir -p "$R/tcode2"
+  $PY - "$R/tcode2" <<'PYEOF'
+import sys
+from composer_jax import data
+from experiments.pretrain import _small
+cfg = _small()      # the cpt_small data config: the whole local corpus, 4096 ids
+tok = data.build_or_load_tokenizer(cfg.data, data.build_or_load_corpus(cfg.data), cfg.model.vocab_size)
+print(tok.save(sys.argv[1]))
+PYEOF
+fi
+if [ ! -e "$R/cpD1_hf" ]; then
+  log "copy: vocabulary curriculum"
+  $PY benchmarks/copy_formation.py --vocab 4096 --length 32 --model first_k_dense=2 --model kv_lora_rank=64 \
+    --restrict_softmax --stages 64:1000,128:500,256:500,512:500,1024:500,2048:500,4096:1000 --save "$R/cpD1_hf"
+fi
+if [ ! -e "$R/cpD1L_hf" ]; then
+  log "copy: longer sources"
+  $PY benchmarks/copy_formation.py --vocab 4096 --init "$R/cpD1_hf" --stages 4096:500:64,4096:500:128 \
+    --save "$R/cpD1L_hf"
+fi
+[ -e "$R/cpD1L3_hf" ] || $PY -m composer_jax.model.depth_growth "$R/cpD1L_hf" "$R/cpD1L3_hf" --at 0 --scale 0.1
+if [ ! -e "$R/rcG1_hf" ]; then
+  log "recall: 64 ids"
+  $PY benchmarks/copy_formation.py --vocab 4096 --copy recall --recall_suffix 0 --restrict_softmax \
+    --init "$R/cpD1L3_hf" --stages 64:2000:32 --save "$R/rcG1_hf"
+fi
+if [ ! -e "$R/rcG3_hf" ]; then
+  log "recall: the whole vocabulary"
+  $PY benchmarks/copy_formation.py --vocab 4096 --copy recall --recall_suffix 0 --restrict_softmax \
+    --init "$R/rcG1_hf" --stages 256:500:32,1024:500:64,4096:1000:64 --save "$R/rcG3_hf"
+fi
+[ -e "$R/rcG3F_hf" ] || $PY -m composer_jax.model.depth_growth "$R/rcG3_hf" "$R/rcG3F_hf" --at 2 --scale 0.1 --fresh_seed 0
+log "sft ($SFT_STEPS steps)"
+$PY launch.py --experiment=sft --workdir="$R/tsft_l1" --set model=tiny --set model.vocab_size=4096 \
+  --set model.num_layers=4 --set model.first_k_dense=4 --set model.kv_lora_rank=64 --set model.mtp_depth=0 \
+  --set data.vocab_size=4096 --set data.tokenizer_path="$R/tcode2/tokenizer.json" \
+  --set train.init_from="$R/rcG3F_hf" --set data.sft_pool="$R/ladder1/pool" --set env.pool_dir="$R/ladder1/pool" \
+  --set env.declare_tools=false --set data.sft_hasty=0.25 --set data.sft_renames=8 \
+  --set data.sft_turn_windows=episodes_and_edit_tails --set data.sft_window_renames=32 \
+  --set data.sft_value_weight=5 --set data.copy_rows=0.25 --set data.copy_source=recall \
+  --set data.copy_source_tokens=128 --set data.seq_len=1280 --set data.global_batch_size=4 \
+  --set train.steps="$SFT_STEPS" --set train.lr=2e-3 --set train.min_lr_ratio=0.0 --set train.warmup_steps=10 \
+  --set train.eval_every=100000 --set train.eval_batches=2 --set train.log_every=20 \
+  --set train.checkpoint_every=250 --set train.keep_checkpoints=20 --set env.use_embeddings=false \
+  --set data.build_workers=2
+log "done: $R/tsft_l1"
