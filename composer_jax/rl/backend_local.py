@@ -183,10 +183,13 @@ class ProcessPool(_PoolBase):
                 break
             if self._serve(conn, job):
                 continue
-            # the worker died: its episode goes on elsewhere from its newest checkpoint
-            self._done(self._requeued(job), None)
+            # the worker died: its episode goes on elsewhere from its newest checkpoint. The death
+            # is recorded before the job is handed back, so whoever gets it sees the restart and no
+            # longer the dead pid (`Popen.poll` says "running" while this thread reaps it)
             with self._lock:
                 self.restarts += 1
+                self._procs.pop(i, None)
+            self._done(self._requeued(job), None)
             _reap(proc)
             conn.close()
             proc, conn = self._spawn(i)
