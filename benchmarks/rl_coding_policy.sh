@@ -13,12 +13,11 @@
 #              (recall_formation_3layers.txt)                                          ~15 min
 #   grow       a fresh 4th layer inserted after layer 2 (x 0.1)                          seconds
 #   sft        the oracle demonstrations of training tasks (careful, hasty, renamed) beside edit
-#              tails (the edit turn after only the last traceback frame it copies from), recall
-#              rows, value-start tokens weighted                                       ~2 s/step
+#              tails (the edit turn after only the last traceback frame it copies from), then
+#              tails alone; recall rows, value-start tokens weighted          ~1.3 s/step alone
 set -euo pipefail
 R=${1:-runs}
 PY=${PYTHON:-python}
-SFT_STEPS=${SFT_STEPS:-2400}
 mkdir -p "$R"
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 
@@ -59,17 +58,28 @@ if [ ! -e "$R/rcG3_hf" ]; then
     --init "$R/rcG1_hf" --stages 256:500:32,1024:500:64,4096:1000:64 --save "$R/rcG3_hf"
 fi
 [ -e "$R/rcG3F_hf" ] || $PY -m composer_jax.model.depth_growth "$R/rcG3_hf" "$R/rcG3F_hf" --at 2 --scale 0.1 --fresh_seed 0
-log "sft ($SFT_STEPS steps)"
-$PY launch.py --experiment=sft --workdir="$R/tsft_l1" --set model=tiny --set model.vocab_size=4096 \
-  --set model.num_layers=4 --set model.first_k_dense=4 --set model.kv_lora_rank=64 --set model.mtp_depth=0 \
-  --set data.vocab_size=4096 --set data.tokenizer_path="$R/tcode2/tokenizer.json" \
-  --set train.init_from="$R/rcG3F_hf" --set data.sft_pool="$R/ladder1/pool" --set env.pool_dir="$R/ladder1/pool" \
-  --set env.declare_tools=false --set data.sft_hasty=0.25 --set data.sft_renames=8 \
-  --set data.sft_turn_windows=episodes_and_edit_tails --set data.sft_window_renames=32 \
-  --set data.sft_value_weight=5 --set data.copy_rows=0.25 --set data.copy_source=recall \
-  --set data.copy_source_tokens=128 --set data.seq_len=1280 --set data.global_batch_size=4 \
-  --set train.steps="$SFT_STEPS" --set train.lr=2e-3 --set train.min_lr_ratio=0.0 --set train.warmup_steps=10 \
-  --set train.eval_every=100000 --set train.eval_batches=2 --set train.log_every=20 \
-  --set train.checkpoint_every=250 --set train.keep_checkpoints=20 --set env.use_embeddings=false \
-  --set data.build_workers=2
-log "done: $R/tsft_l1"
+# sft NAME INIT STEPS WINDOWS RENAMES WINDOW_RENAMES: one SFT run (a finished one is a no-op, a stopped one resumes)
+sft() {
+  log "sft $1 (from $2, $3 steps, $4)"
+  $PY launch.py --experiment=sft --workdir="$R/$1" --set model=tiny --set model.vocab_size=4096 \
+    --set model.num_layers=4 --set model.first_k_dense=4 --set model.kv_lora_rank=64 --set model.mtp_depth=0 \
+    --set data.vocab_size=4096 --set data.tokenizer_path="$R/tcode2/tokenizer.json" \
+    --set train.init_from="$2" --set data.sft_pool="$R/ladder1/pool" --set env.pool_dir="$R/ladder1/pool" \
+    --set env.declare_tools=false --set data.sft_hasty=0.25 --set data.sft_renames="$5" \
+    --set data.sft_turn_windows="$4" --set data.sft_window_renames="$6" \
+    --set data.sft_value_weight=5 --set data.copy_rows=0.25 --set data.copy_source=recall \
+    --set data.copy_source_tokens=128 --set data.seq_len=1280 --set data.global_batch_size=4 \
+    --set train.steps="$3" --set train.lr=2e-3 --set train.min_lr_ratio=0.0 --set train.warmup_steps=10 \
+    --set train.eval_every=100000 --set train.eval_batches=2 --set train.log_every=20 \
+    --set train.checkpoint_every=250 --set train.keep_checkpoints=20 --set env.use_embeddings=false \
+    --set data.build_workers=2
+}
+# The runs of section 24, each with the cosine horizon it ran under; the next starts from the checkpoint that was
+# scored (its run was stopped there by hand: running a stage to the end only costs time, the checkpoint is the same).
+# 1. the protocol, with tails at 39% of the tokens: no lookup by step 2000
+sft tsft_l1 "$R/rcG3F_hf" 2400 episodes_and_edit_tails 8 32
+# 2. tails at 64% of the tokens: no lookup at step 500
+sft tsft_l1b "$R/tsft_l1@1500" 1200 episodes_and_edit_tails 2 32
+# 3. tails alone: the file-name lookup by step 750 (15 of 16 held-out tails); the protocol is forgotten meanwhile
+sft tsft_l1c "$R/tsft_l1b@500" 1200 edit_tails 32 0
+log "done: $R/tsft_l1c@750"
