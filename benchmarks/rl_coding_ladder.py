@@ -169,11 +169,10 @@ def disjoint(pool_dir: str, sft_run: str, runs: list[pathlib.Path]) -> tuple[lis
 
 def _policy_run(policy: str):
     """(run directory, its Config) of a policy given as WORKDIR or WORKDIR@STEP."""
-    from composer_jax.api import load_config
+    from composer_jax.rl.family_eval import run_config
     from composer_jax.train.run_checkpoint import parse_run_source
 
-    run_dir, _ = parse_run_source(policy)
-    return pathlib.Path(run_dir), load_config(pathlib.Path(run_dir) / "config.json")
+    return pathlib.Path(parse_run_source(policy)[0]), run_config(policy)
 
 
 def policy_prompt(env, policy_dir: pathlib.Path):
