@@ -205,6 +205,8 @@ def main(argv):
             print(describe_config(cfg))
             return 0
         workdir = run_path(FLAGS.workdir or exp.default_workdir(cfg))
+        if exp.record is not None:
+            cfg = exp.record(cfg, workdir)      # what the run resolves, as it will record it
         check_rerun(cfg, workdir, rewrite=FLAGS.rewrite_config)
         if not FLAGS.dry_run:
             from composer_jax.parallel.multihost import initialize

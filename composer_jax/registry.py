@@ -28,6 +28,9 @@ class Experiment:
     # overrides then applied again on them (`config.flags.rebased_config`; an RL task family's
     # own settings)
     rebase: Callable[[object], tuple[object, tuple[str, ...]] | None] | None = None
+    # (cfg, workdir) -> the config the run records in WORKDIR/config.json, with what the run
+    # resolves made explicit (sft: its sample source and prompt); a rerun is compared with it
+    record: Callable[[object, pathlib.Path], object] | None = None
 
     def default_workdir(self, cfg) -> str:
         """runs/NAME, or runs/<what workdir_name(cfg) says> (eval: named after the policy)."""
@@ -42,17 +45,20 @@ def register(name: str, description: str, make_config: Callable[[], object],
              check: Callable[[object], None] | None = None,
              stoppable: bool = False,
              workdir_name: Callable[[object], str] | None = None,
-             rebase: Callable[[object], tuple[object, tuple[str, ...]] | None] | None = None
-             ) -> Experiment:
+             rebase: Callable[[object], tuple[object, tuple[str, ...]] | None] | None = None,
+             record: Callable[[object, pathlib.Path], object] | None = None) -> Experiment:
     """Registers an experiment; a second registration under the same name is an error. `check`
     (optional) validates a resolved config for this experiment when it is parsed; `stoppable`:
     its run stops cleanly on SIGTERM / SIGINT (a training or RL loop); `workdir_name(cfg)`: the
     default run directory's name when it depends on the config (default: the experiment's name);
     `rebase(cfg)`: the base config the overrides are applied on again once parsed, or None (e.g.
-    `--set rl.task=coding` starts from the coding family's settings)."""
+    `--set rl.task=coding` starts from the coding family's settings); `record(cfg, workdir)`: the config
+    the run writes to config.json when it resolves settings itself, so a rerun of the same command
+    is compared with what the first run recorded."""
     if name in _REGISTRY:
         raise ValueError(f"experiment {name!r} is registered twice")
-    exp = Experiment(name, description, make_config, run, check, stoppable, workdir_name, rebase)
+    exp = Experiment(name, description, make_config, run, check, stoppable, workdir_name, rebase,
+                     record)
     _REGISTRY[name] = exp
     return exp
 

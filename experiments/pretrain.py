@@ -142,24 +142,36 @@ def _run_sft(cfg: Config, workdir: pathlib.Path) -> None:
     import json
 
     from composer_jax.config import to_dict
-    from composer_jax.data.sft import resolve_source
     from composer_jax.train.loop import train
 
-    data = _with_env_prompt(cfg)
-    if data.sft_source != SftSource.DOCSTRINGS and not data.sft_pool:
-        data = dataclasses.replace(data, sft_pool=str(_default_pool(cfg, workdir)))
-    data, line = resolve_source(data)
+    cfg, line = _sft_resolved(cfg, workdir)
     print(line)
-    cfg = dataclasses.replace(cfg, data=data)
-    tmp = workdir / "config.json.tmp"  # record the resolved source, as launch.py writes it
+    tmp = workdir / "config.json.tmp"  # record the resolved source (launch.py has written the same)
     tmp.write_text(json.dumps(to_dict(cfg), indent=2))
     tmp.replace(workdir / "config.json")
-    if data.sft_source == SftSource.ENV_ORACLE:
+    if cfg.data.sft_source == SftSource.ENV_ORACLE:
         _build_env_samples(cfg)
     result = train(cfg, workdir, kind="sft")
     if result.already_finished:
         return
     print({k: round(v, 4) for k, v in result.metrics.items()})
+
+
+def _sft_resolved(cfg: Config, workdir: pathlib.Path) -> tuple[Config, str]:
+    """(cfg with the SFT prompt taken from env.* and a concrete data.sft_source and pool, a line
+    saying which source and why): what an sft run records in its config.json."""
+    from composer_jax.data.sft import resolve_source
+
+    data = _with_env_prompt(cfg)
+    if data.sft_source != SftSource.DOCSTRINGS and not data.sft_pool:
+        data = dataclasses.replace(data, sft_pool=str(_default_pool(cfg, workdir)))
+    data, line = resolve_source(data)
+    return dataclasses.replace(cfg, data=data), line
+
+
+def _sft_record(cfg: Config, workdir: pathlib.Path) -> Config:
+    """The config an sft run records (`_sft_resolved`), for launch.py to compare a rerun with."""
+    return _sft_resolved(cfg, workdir)[0]
 
 
 def _with_env_prompt(cfg: Config) -> DataConfig:
@@ -214,4 +226,4 @@ registry.register("cpt_256k", "stage 2: YaRN long-context extension to 256k from
                   stoppable=True)
 registry.register("sft", "short SFT on chat-formatted samples, loss on assistant tokens only "
                   "(on CPU its 600 steps take hours: set --config.train.steps)",
-                  _sft, _run_sft, stoppable=True)
+                  _sft, _run_sft, stoppable=True, record=_sft_record)

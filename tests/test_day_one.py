@@ -88,6 +88,22 @@ def test_the_hand_written_parser_is_gone():
 # --- nothing silent --------------------------------------------------------------------------
 
 
+def test_rerunning_an_sft_command_resumes_it(tmp_path):
+    # sft records its resolved settings (the prompt from env.*, the sample source) in config.json;
+    # the same command again is compared with that record, not refused over what it resolved
+    from composer_jax.rerun import check_rerun
+
+    exp = registry.get("sft")
+    cfg = api.make_config("sft", {"env.declare_tools": False, "train.steps": 40})
+    recorded = exp.record(cfg, tmp_path)
+    assert recorded.data.sft_declare_tools is False and recorded.data.sft_source != cfg.data.sft_source
+    api.save_config(recorded, tmp_path / "config.json")
+    check_rerun(exp.record(api.make_config("sft", {"env.declare_tools": False, "train.steps": 80}),
+                           tmp_path), tmp_path)
+    with pytest.raises(ConfigError, match="data.sft_declare_tools: False -> True"):
+        check_rerun(exp.record(api.make_config("sft", {"train.steps": 40}), tmp_path), tmp_path)
+
+
 def test_rerun_with_other_settings_is_refused_and_writes_nothing(tmp_path):
     cfg = api.make_config("cpt_debug", {"train.steps": 30})
     api.save_config(cfg, tmp_path / "config.json")
