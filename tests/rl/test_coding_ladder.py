@@ -214,7 +214,7 @@ def test_level1_oracle_edits_the_line_its_traceback_shows_else_runs_the_failing_
         shown = f'Traceback:\n  File "/workspace/{rel}", line {line}, in f\n    {src}\n    ^^^\nNameError: x'
         assert last_frame("  File \"/workspace/t.py\", line 9, in g\n    g()\n" + shown) == (rel, line, src)
         calls = _calls(oracle_agent(task, d), [shown])
-        assert calls == [("run_terminal_cmd", {"command": "python -m unittest 2>&1 | tail -n 12"}),
+        assert calls == [("run_terminal_cmd", {"command": "python -m unittest 2>&1 | grep -B3 -m1 'Error: '"}),
                          ("search_replace", {"file_path": rel, "old_string": old, "new_string": new}),
                          ("run_terminal_cmd", {"command": "python -m unittest 2>&1 | tail -n 3"}),
                          ("finish", {"message": "Fixed; the failing tests pass now."})]
@@ -224,7 +224,7 @@ def test_level1_oracle_edits_the_line_its_traceback_shows_else_runs_the_failing_
         for other in ("FAIL: test_x\nAssertionError: 1 != 2",
                       shown.replace(f"line {line},", f"line {line + 1},")):
             calls = _calls(oracle_agent(task, d), [other])
-            assert calls[0][1]["command"] == "python -m unittest 2>&1 | tail -n 12"
+            assert calls[0][1]["command"] == "python -m unittest 2>&1 | grep -B3 -m1 'Error: '"
             assert calls[1:] == ladder_plan(task, d)
     assert short >= 3 and names >= 1
     assert renamed_name("f(a, dir_fdd=d)", "f(a, dir_fd=d)", "x = f(a, dir_fdd=d)\n") == ("dir_fdd", "dir_fd")

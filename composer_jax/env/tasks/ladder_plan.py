@@ -17,8 +17,12 @@ editing. A level-1 one-line fix whose broken line CPython's traceback shows (`tr
 gets the short episode a careful engineer uses when the output already shows the line:
 
   1. run the whole suite (`python -m unittest`, discovery in the workspace: a constant command,
-     nothing to copy) and show the end of its output;
-  2. if its last traceback frame is the broken line (`last_frame`: file, number, source as CPython
+     nothing to copy) and show its first error line with the 3 lines above it (`FIRST_ERROR`): the
+     frame that raised, its source line, CPython's carets under it when it prints them, and the
+     error with its hint; nothing else, so the copies of step 2 come from the only frame shown
+     (PLAN_VERSION 4 showed the output's last 12 lines: the test file's frame above it and the
+     summary below, where a small policy copied the test file's name);
+  2. if that frame is the broken line (`last_frame`: file, number, source as CPython
      prints it, stripped), one `search_replace` in that file of the broken name by the right one
      when the broken name occurs once in the file (the name the error message quotes, the right
      one CPython's "Did you mean" hint names or the line itself shows), else of the shown source
@@ -39,11 +43,12 @@ from composer_jax.env.protocol import render_assistant
 from composer_jax.env.tasks.task import Task, read_files
 
 LADDER_KINDS = ("level1", "level2")
-PLAN_VERSION = 4     # bump when the plan changes: SFT stores built from the old plan are rebuilt
+PLAN_VERSION = 5     # bump when the plan changes: SFT stores built from the old plan are rebuilt
 CONTEXT = 6          # lines shown before and after the broken line
 OUTPUT_LINES = 12    # the end of the failing test's output shown in step 1
 RERUN_LINES = 3      # step 4 reruns step 1's test and shows its verdict
 SUITE = "python -m unittest"                 # the whole suite by discovery in /workspace
+FIRST_ERROR = "grep -B3 -m1 'Error: '"       # the short plan's step 1 shows the suite's first error
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FRAME = re.compile(r'File "/workspace/([^"]+)", line (\d+)')
 FINISH = {"message": "Fixed; the failing tests pass now."}
@@ -135,6 +140,12 @@ def suite_command(lines: int) -> dict:
     return {"command": f"{SUITE} 2>&1 | tail -n {lines}"}
 
 
+def first_error_command() -> dict:
+    """`run_terminal_cmd` arguments that run the whole suite and show its first error line and the
+    3 lines above it (the frame that raised it; module docstring, step 1)."""
+    return {"command": f"{SUITE} 2>&1 | {FIRST_ERROR}"}
+
+
 class LadderOracleAgent:
     """Plays a ladder task one call per turn (the `OracleAgent` interface; module docstring): the
     short traceback episode when `traceback_edit` applies and the suite's output shows the broken
@@ -144,7 +155,7 @@ class LadderOracleAgent:
         texts = sources(task, task_dir)
         self.plan = ladder_plan(task, task_dir, texts)
         self.edit = traceback_edit(task, task_dir, texts)
-        self.queue = [("run_terminal_cmd", suite_command(OUTPUT_LINES))] if self.edit else list(self.plan)
+        self.queue = [("run_terminal_cmd", first_error_command())] if self.edit else list(self.plan)
         self.last = self.queue[0]
 
     def __call__(self, messages: list[dict]) -> str:
