@@ -232,7 +232,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                        "tools": tools, "template": chat.template_fingerprint(),
                        "max_samples": cfg.sft_max_samples, "v": 2, "plan": PLAN_VERSION,
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
-                       **({"renames": cfg.sft_renames, "rename_v": 1} if cfg.sft_renames else {}),
+                       **({"renames": cfg.sft_renames, "rename_v": 2} if cfg.sft_renames else {}),
                        **_windows_key(cfg.sft_turn_windows),
                        **({"window_renames": window_renames} if window_renames != cfg.sft_renames else {})})
 

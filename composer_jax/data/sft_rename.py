@@ -31,9 +31,10 @@ IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d+(?![A-Za-z0-9_])")
 MIN_LINE = 20            # smaller line numbers could be the protocol's own numbers (tail -n 12)
 MAX_LINE = 3000
-# the command template's words and the finish message's (`ladder_plan`, `sft_env.HASTY_FINISH`)
+# the command templates' words and the finish message's (`ladder_plan`, `sft_env.HASTY_FINISH`)
+# (and grep's: PLAN_VERSION 5's first call; tests/data/test_sft_rename.py checks the template's words are here)
 PROTOCOL_WORDS = frozenset({"python", "m", "unittest", "tail", "n", "Fixed", "the", "failing", "tests",
-                            "pass", "now", "py", "self", "cls", "workspace"})
+                            "pass", "now", "py", "self", "cls", "workspace", "grep", "B3", "m1", "Error"})
 KEEP = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | PROTOCOL_WORDS
 
 

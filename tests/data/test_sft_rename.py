@@ -88,3 +88,19 @@ def test_name_pool_never_holds_a_heldout_module_name():
     texts = ["import heapq\nheapq_push = 1\nmy_heap = 2\nA0000F8 = 3\nreturn_value = parse_args()\nx = 1"]
     pool = name_pool(texts, exclude=["heapq"])
     assert pool == ["my_heap", "parse_args", "return_value"]
+
+
+def test_the_oracles_constant_words_are_never_renamed():
+    # a renamed copy keeps the protocol: every word of the ladder oracle's constant commands and
+    # finish message (PLAN_VERSION 5's grep included) is in KEEP, so only copied names change
+    from composer_jax.data.sft_env import HASTY_FINISH
+    from composer_jax.data.sft_rename import KEEP
+    from composer_jax.env.tasks import ladder_plan as lp
+
+    constant = [lp.first_error_command()["command"], lp.suite_command(lp.OUTPUT_LINES)["command"],
+                lp.suite_command(lp.RERUN_LINES)["command"], lp.FINISH["message"], HASTY_FINISH["message"]]
+    assert {w for text in constant for w in IDENT.findall(text)} - KEEP == set()
+    messages = _conversation()
+    messages[2]["tool_calls"][0]["arguments"]["command"] = lp.first_error_command()["command"]
+    renamed = renamed_messages(messages, NAMES, random.Random(0))
+    assert renamed[2]["tool_calls"][0]["arguments"]["command"] == lp.first_error_command()["command"]
