@@ -108,6 +108,9 @@ class DataConfig:
     `episodes_and_edit_tails` the tails beside the whole demonstrations. `sft_window_renames`: how many
     renamed copies give windows (0 = `sft_renames`; more = renamed copies that give only windows, so
     the short samples take a larger share of each batch than the whole demonstrations).
+    `sft_window_context`: each window also with the 1..K messages before the one its turn answers
+    (the task statement and earlier calls; never the system prompt), so a lookup learnt right after
+    a short output is trained where the episode's earlier messages come first too.
     """
 
     # --- corpus ---
@@ -168,6 +171,7 @@ class DataConfig:
                                         # the one message each answers: none | all | edit_only |
                                         # edit_tails | episodes_and_edit_tails
     sft_window_renames: int = 0         # renamed copies that give windows (0 = sft_renames)
+    sft_window_context: int = 0         # windows also with 1..K earlier messages before them
     sft_prompt_tools: tuple[str, ...] = ()  # tools declared in the oracle samples' prompt (() = all;
                                             # the `sft` experiment sets it from env.prompt_tools)
     sft_declare_tools: bool = True      # declare tools in the samples' prompt at all (the `sft`
@@ -239,7 +243,7 @@ _INT_MINIMUMS = {
     "minhash_bands": 1, "shingle_size": 1, "build_workers": 0, "vocab_size": 512, "tokenizer_train_bytes": 1,
     "seq_len": 2, "global_batch_size": 1, "num_threads": 0, "prefetch_buffer_size": 0, "num_workers": 0,
     "eval_max_batches": 0, "copy_random_ids": 0, "copy_source_tokens": 0, "sft_max_samples": 0, "sft_renames": 0,
-    "sft_window_renames": 0,
+    "sft_window_renames": 0, "sft_window_context": 0,
     "sft_min_docstring_chars": 0, "sft_max_function_lines": 1,
 }
 _FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),

@@ -135,15 +135,19 @@ def hasty_messages(messages: list[dict]) -> list[dict] | None:
                                     "tool_calls": [c.to_json() for c in turn.tool_calls]}]
 
 
-def turn_windows(messages: list[dict], edits_only: bool = False) -> list[list[dict]]:
+def turn_windows(messages: list[dict], edits_only: bool = False, context: int = 0) -> list[list[dict]]:
     """`[message before it, assistant turn]` for each assistant turn of a conversation after the
     first message (`data.sft_turn_windows`): the turn with only the text it answers, short samples
     that each train one turn (an edit call right after the traceback it copies from). They are
     encoded without tool declarations or system prompt. `edits_only`: only the turns that call an
-    edit tool (`EDIT_TOOLS`)."""
-    return [[messages[k - 1], messages[k]] for k in range(1, len(messages))
+    edit tool (`EDIT_TOOLS`). `context` K > 0 (`data.sft_window_context`): each window also with
+    the 1..K messages before it that are not the system prompt, as K more windows (fewer where the
+    conversation has fewer)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    return [messages[k - 1 - c:k + 1] for k in range(1, len(messages))
             if messages[k]["role"] == "assistant" and messages[k - 1]["role"] != "system"
-            and (not edits_only or any(c["name"] in EDIT_TOOLS for c in messages[k].get("tool_calls") or ()))]
+            and (not edits_only or any(c["name"] in EDIT_TOOLS for c in messages[k].get("tool_calls") or ()))
+            for c in range(context + 1) if k - 1 - c >= first]
 
 
 def traceback_tail(text: str) -> str | None:
@@ -159,10 +163,11 @@ def traceback_tail(text: str) -> str | None:
 
 
 def tail_window(window: list[dict]) -> list[dict] | None:
-    """An edit window with its tool output cut to `traceback_tail`; None when it has none."""
-    answered, turn = window
+    """An edit window with the tool output its turn answers cut to `traceback_tail` (the messages
+    before it kept whole); None when it has none."""
+    *before, answered, turn = window
     tail = traceback_tail(str(answered.get("content", ""))) if answered["role"] == "tool" else None
-    return None if tail is None else [{**answered, "content": tail}, turn]
+    return None if tail is None else [*before, {**answered, "content": tail}, turn]
 
 
 WINDOWS_ONLY = (TurnWindows.EDIT_ONLY, TurnWindows.EDIT_TAILS)    # modes without whole demonstrations
@@ -183,14 +188,15 @@ def _window_renames(cfg: DataConfig) -> int:
     return cfg.sft_window_renames or cfg.sft_renames
 
 
-def window_samples(conversations: Sequence[list[dict]], mode: TurnWindows) -> list[list[dict]]:
+def window_samples(conversations: Sequence[list[dict]], mode: TurnWindows, context: int = 0) -> list[list[dict]]:
     """The single-turn samples `data.sft_turn_windows=mode` adds for a ladder task's conversations
     (its careful demonstration and renamed copies): every turn's window (all), the edit turns'
-    (edit_only), or those cut to their traceback tail (edit_tails, episodes_and_edit_tails)."""
+    (edit_only), or those cut to their traceback tail (edit_tails, episodes_and_edit_tails);
+    `context`: `turn_windows`'s."""
     if mode == TurnWindows.NONE:
         return []
     tails = mode in (TurnWindows.EDIT_TAILS, TurnWindows.EPISODES_AND_EDIT_TAILS)
-    windows = [w for m in conversations for w in turn_windows(m, edits_only=mode != TurnWindows.ALL)]
+    windows = [w for m in conversations for w in turn_windows(m, mode != TurnWindows.ALL, context)]
     return [t for t in map(tail_window, windows) if t is not None] if tails else windows
 
 
@@ -234,7 +240,8 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
                        **({"renames": cfg.sft_renames, "rename_v": 2} if cfg.sft_renames else {}),
                        **_windows_key(cfg.sft_turn_windows),
-                       **({"window_renames": window_renames} if window_renames != cfg.sft_renames else {})})
+                       **({"window_renames": window_renames} if window_renames != cfg.sft_renames else {}),
+                       **({"window_context": cfg.sft_window_context} if cfg.sft_window_context else {})})
 
     def build(out: Path) -> None:
         if episode_loop is None:
@@ -274,7 +281,8 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                         conversations.append(renamed)
                         if k < cfg.sft_renames and not windows_only:
                             samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
-                    for window in window_samples(conversations[:1 + window_renames], cfg.sft_turn_windows):
+                    for window in window_samples(conversations[:1 + window_renames], cfg.sft_turn_windows,
+                                                  cfg.sft_window_context):
                         counts["windows"] += 1
                         samples.append(chat.encode_messages(tokenizer, window, (), mark_values=True))
                 for s in samples:
