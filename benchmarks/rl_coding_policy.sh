@@ -58,7 +58,8 @@ if [ ! -e "$R/rcG3_hf" ]; then
     --init "$R/rcG1_hf" --stages 256:500:32,1024:500:64,4096:1000:64 --save "$R/rcG3_hf"
 fi
 [ -e "$R/rcG3F_hf" ] || $PY -m composer_jax.model.depth_growth "$R/rcG3_hf" "$R/rcG3F_hf" --at 2 --scale 0.1 --fresh_seed 0
-# sft NAME INIT STEPS WINDOWS RENAMES WINDOW_RENAMES: one SFT run (a finished one is a no-op, a stopped one resumes)
+# sft NAME INIT STEPS WINDOWS RENAMES WINDOW_RENAMES [WINDOW_CONTEXT]: one SFT run (a finished one is a no-op, a
+# stopped one resumes)
 sft() {
   log "sft $1 (from $2, $3 steps, $4)"
   $PY launch.py --experiment=sft --workdir="$R/$1" --set model=tiny --set model.vocab_size=4096 \
@@ -66,7 +67,7 @@ sft() {
     --set data.vocab_size=4096 --set data.tokenizer_path="$R/tcode2/tokenizer.json" \
     --set train.init_from="$2" --set data.sft_pool="$R/ladder1/pool" --set env.pool_dir="$R/ladder1/pool" \
     --set env.declare_tools=false --set data.sft_hasty=0.25 --set data.sft_renames="$5" \
-    --set data.sft_turn_windows="$4" --set data.sft_window_renames="$6" \
+    --set data.sft_turn_windows="$4" --set data.sft_window_renames="$6" --set data.sft_window_context="${7:-0}" \
     --set data.sft_value_weight=5 --set data.copy_rows=0.25 --set data.copy_source=recall \
     --set data.copy_source_tokens=128 --set data.seq_len=1280 --set data.global_batch_size=4 \
     --set train.steps="$3" --set train.lr=2e-3 --set train.min_lr_ratio=0.0 --set train.warmup_steps=10 \
@@ -74,12 +75,20 @@ sft() {
     --set train.checkpoint_every=250 --set train.keep_checkpoints=20 --set env.use_embeddings=false \
     --set data.build_workers=2
 }
-# The runs of section 24, each with the cosine horizon it ran under; the next starts from the checkpoint that was
+# The runs of sections 24-25, each with the cosine horizon it ran under; the next starts from the checkpoint that was
 # scored (its run was stopped there by hand: running a stage to the end only costs time, the checkpoint is the same).
+# Stages 1-4 ran on PLAN_VERSION 4 demonstrations (the suite's last 12 lines), stage 5 on version 5 (its first error
+# and the 3 lines above); rerun today, every stage trains on version 5 (the SFT store is keyed by the plan).
 # 1. the protocol, with tails at 39% of the tokens: no lookup by step 2000
 sft tsft_l1 "$R/rcG3F_hf" 2400 episodes_and_edit_tails 8 32
 # 2. tails at 64% of the tokens: no lookup at step 500
 sft tsft_l1b "$R/tsft_l1@1500" 1200 episodes_and_edit_tails 2 32
-# 3. tails alone: the file-name lookup by step 750 (15 of 16 held-out tails); the protocol is forgotten meanwhile
+# 3. tails alone: the file-name lookup by step 750 (15 of 16 held-out tails), 16 of 16 at 1200; the protocol is
+#    forgotten meanwhile
 sft tsft_l1c "$R/tsft_l1b@500" 1200 edit_tails 32 0
-log "done: $R/tsft_l1c@750"
+# 4. whole demonstrations beside tails again: the protocol back (0.996) and old_string 11 of 16 in whole episodes,
+#    but the file 0 of 16 there (the version-4 output's test-file frame); stopped at 686
+sft tsft_l1d "$R/tsft_l1c@1200" 800 episodes_and_edit_tails 8 32
+# 5. PLAN_VERSION 5 demonstrations
+sft tsft_l1e "$R/tsft_l1d@500" 600 episodes_and_edit_tails 8 32
+log "done: $R/tsft_l1e"

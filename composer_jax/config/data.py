@@ -109,8 +109,8 @@ class DataConfig:
     renamed copies give windows (0 = `sft_renames`; more = renamed copies that give only windows, so
     the short samples take a larger share of each batch than the whole demonstrations).
     `sft_window_context`: each window also with the 1..K messages before the one its turn answers
-    (the task statement and earlier calls; never the system prompt), so a lookup learnt right after
-    a short output is trained where the episode's earlier messages come first too.
+    (earlier calls, the task statement, the system prompt), so a lookup learnt right after a short
+    output is trained where the episode's earlier messages come first too.
     """
 
     # --- corpus ---

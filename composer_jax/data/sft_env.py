@@ -141,13 +141,12 @@ def turn_windows(messages: list[dict], edits_only: bool = False, context: int = 
     that each train one turn (an edit call right after the traceback it copies from). They are
     encoded without tool declarations or system prompt. `edits_only`: only the turns that call an
     edit tool (`EDIT_TOOLS`). `context` K > 0 (`data.sft_window_context`): each window also with
-    the 1..K messages before it that are not the system prompt, as K more windows (fewer where the
-    conversation has fewer)."""
-    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    the 1..K messages before it, the system prompt included (a window that reaches back to it is the
+    demonstration up to that turn), as K more windows (fewer where the conversation has fewer)."""
     return [messages[k - 1 - c:k + 1] for k in range(1, len(messages))
             if messages[k]["role"] == "assistant" and messages[k - 1]["role"] != "system"
             and (not edits_only or any(c["name"] in EDIT_TOOLS for c in messages[k].get("tool_calls") or ()))
-            for c in range(context + 1) if k - 1 - c >= first]
+            for c in range(context + 1) if k - 1 - c >= 0]
 
 
 def traceback_tail(text: str) -> str | None:

@@ -178,14 +178,15 @@ def test_window_samples_per_mode():
         assert sft_env.window_samples([conv, conv], mode) == [[tail, edit_turn]] * 2
     assert sft_env.window_samples([m], TurnWindows.EDIT_TAILS) == []        # that edit answers no traceback
     assert set(sft_env.WINDOWS_ONLY) == {TurnWindows.EDIT_ONLY, TurnWindows.EDIT_TAILS}
-    # data.sft_window_context=K: the same windows with 1..K earlier messages too, never the system
+    # data.sft_window_context=K: the same windows with 1..K earlier messages too, up to the system
     # prompt (conv[0]), the traceback cut in each
     assert conv[0]["role"] == "system" and conv[1]["role"] == "user"
     assert sft_env.window_samples([conv], TurnWindows.EDIT_TAILS, context=5) == [
-        [tail, edit_turn], [conv[2], tail, edit_turn], [conv[1], conv[2], tail, edit_turn]]
+        [tail, edit_turn], [conv[2], tail, edit_turn], [conv[1], conv[2], tail, edit_turn],
+        [conv[0], conv[1], conv[2], tail, edit_turn]]
     assert sft_env.window_samples([conv], TurnWindows.EDIT_ONLY, context=1) == [[conv[3], edit_turn],
                                                                                 [conv[2], conv[3], edit_turn]]
-    assert len(sft_env.window_samples([conv], TurnWindows.ALL, context=1)) == 4 + 3   # the first turn answers the task
+    assert len(sft_env.window_samples([conv], TurnWindows.ALL, context=1)) == 4 + 4
 
 
 def _episode(resolved=True, stop="finish", invalid=0):
