@@ -87,8 +87,14 @@ sft tsft_l1b "$R/tsft_l1@1500" 1200 episodes_and_edit_tails 2 32
 #    forgotten meanwhile
 sft tsft_l1c "$R/tsft_l1b@500" 1200 edit_tails 32 0
 # 4. whole demonstrations beside tails again: the protocol back (0.996) and old_string 11 of 16 in whole episodes,
-#    but the file 0 of 16 there (the version-4 output's test-file frame); stopped at 686
+#    but the file 0 of 16 there; stopped at 686
 sft tsft_l1d "$R/tsft_l1c@1200" 800 episodes_and_edit_tails 8 32
-# 5. PLAN_VERSION 5 demonstrations
+# 5. PLAN_VERSION 5 demonstrations (section 25): old_string 13 of 14 and new_string 8 of 14 in whole episodes at step
+#    500, the file still 0 of 14 (15 of 15 in tails); stopped at 500
 sft tsft_l1e "$R/tsft_l1d@500" 600 episodes_and_edit_tails 8 32
-log "done: $R/tsft_l1e"
+# 6. windows also after the task statement and the first call (data.sft_window_context=2): the file lookup works
+#    there, but not after the system prompt; stopped at 353
+sft tsft_l1f "$R/tsft_l1e@500" 600 episodes_and_edit_tails 8 16 2
+# 7. windows up to the system prompt (data.sft_window_context=3)
+sft tsft_l1g "$R/tsft_l1f@250" 400 episodes_and_edit_tails 8 16 3
+log "done: $R/tsft_l1g"
