@@ -197,11 +197,14 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
     from composer_jax.rl.program import LocalClient, build_program
     from composer_jax.rl.task_program import task_program_spec
     from composer_jax.train.weights import load_weights
+    from experiments.rl import prepare as prepare_rl
 
-    cfg = run_config(run)
     path, _, step = policy.partition("@")
-    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, eval_greedy=greedy),
-                              env=policy_prompt(cfg.env, pathlib.Path(path)))
+    cfg = run_config(run)       # an RL run's, or its --dry_run's: prepared here for this policy's model
+    cfg = prepare_rl(dataclasses.replace(cfg, rl=dataclasses.replace(
+        cfg.rl, eval_greedy=greedy, task=dataclasses.replace(cfg.rl.task, init_from=path)),
+        train=dataclasses.replace(cfg.train, init_from="")))
+    cfg = dataclasses.replace(cfg, env=policy_prompt(cfg.env, pathlib.Path(path)))
     program = build_program(task_program_spec(cfg))
     tasks = list(program.train_tasks() if split == "train" else program.eval_tasks())[:n]
     weights = load_weights(str(pathlib.Path(path).resolve()) + (f"@{step}" if step else ""), cfg)
