@@ -139,7 +139,8 @@ def turn_windows(messages: list[dict], edits_only: bool = False, context: int = 
     """`[message before it, assistant turn]` for each assistant turn of a conversation after the
     first message (`data.sft_turn_windows`): the turn with only the text it answers, short samples
     that each train one turn (an edit call right after the traceback it copies from). They are
-    encoded without tool declarations or system prompt. `edits_only`: only the turns that call an
+    encoded without tool declarations, and without the system prompt unless `context` reaches it.
+    `edits_only`: only the turns that call an
     edit tool (`EDIT_TOOLS`). `context` K > 0 (`data.sft_window_context`): each window also with
     the 1..K messages before it, the system prompt included (a window that reaches back to it is the
     demonstration up to that turn), as K more windows (fewer where the conversation has fewer)."""

@@ -21,7 +21,7 @@ gets the short episode a careful engineer uses when the output already shows the
      frame that raised, its source line, CPython's carets under it when it prints them, and the
      error with its hint; nothing else, so the copies of step 2 come from the only frame shown
      (PLAN_VERSION 4 showed the output's last 12 lines: the test file's frame above it and the
-     summary below, where a small policy copied the test file's name);
+     summary below);
   2. if that frame is the broken line (`last_frame`: file, number, source as CPython
      prints it, stripped), one `search_replace` in that file of the broken name by the right one
      when the broken name occurs once in the file (the name the error message quotes, the right
