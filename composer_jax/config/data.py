@@ -225,6 +225,11 @@ class DataConfig:
         if self.copy_random_ids and self.copy_source == CopySource.CODE:
             raise ConfigError(f"data.copy_random_ids={self.copy_random_ids} applies to random ids only: "
                               "set data.copy_source=random or recall, or data.copy_random_ids=0")
+        for name in ("sft_window_context", "sft_window_renames"):
+            if getattr(self, name) and self.sft_turn_windows == TurnWindows.NONE:
+                raise ConfigError(f"data.{name}={getattr(self, name)} shapes SFT windows, but "
+                                  "data.sft_turn_windows=none makes none: set data.sft_turn_windows (e.g. "
+                                  f"episodes_and_edit_tails), or data.{name}=0")
         if (isinstance(self.sft_value_weight, bool) or not isinstance(self.sft_value_weight, (int, float))
                 or not 0 < self.sft_value_weight <= 1000):
             raise ConfigError(f"data.sft_value_weight={self.sft_value_weight!r}: must be a number in (0, 1000] "

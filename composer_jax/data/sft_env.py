@@ -182,9 +182,7 @@ def _windows_key(mode: TurnWindows) -> dict:
 
 def _window_renames(cfg: DataConfig) -> int:
     """How many renamed copies of a demonstration give windows (`data.sft_window_renames`, 0 = as
-    many as give whole demonstrations; without windows, `sft_renames`)."""
-    if cfg.sft_turn_windows == TurnWindows.NONE:
-        return cfg.sft_renames
+    many as give whole demonstrations; DataConfig refuses it without windows)."""
     return cfg.sft_window_renames or cfg.sft_renames
 
 

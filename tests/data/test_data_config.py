@@ -37,6 +37,8 @@ def test_defaults_are_valid_and_typed():
     ("sft_value_weight", True, "data.sft_value_weight"),
     ("sft_window_renames", -1, "data.sft_window_renames=-1: must be an integer >= 0"),
     ("sft_window_context", -1, "data.sft_window_context=-1: must be an integer >= 0"),
+    ("sft_window_context", 2, "data.sft_turn_windows=none makes none"),
+    ("sft_window_renames", 3, "data.sft_turn_windows=none makes none"),
     ("sft_turn_windows", "edits", r"data.sft_turn_windows='edits': valid values are \['none', 'all', 'edit_only', 'edit_tails',"
                          r" 'episodes_and_edit_tails'\]"),
 ])
