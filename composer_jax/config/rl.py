@@ -338,7 +338,8 @@ class RLConfig:
     batch_groups: int = 4               # B: groups (of group_size samples) per trainer step
     steps: int = 40                     # trainer versions to reach
     max_new_tokens: int = 8             # per assistant turn
-    temperature: float = 1.0            # sampling temperature of training episodes
+    temperature: float = 1.0            # sampling temperature of training episodes (> 0); the
+                                        # trainer's log-probs are those of logits / temperature
     eval_greedy: bool = True            # held-out episodes greedy; False: sampled at rl.temperature
                                         # with a fixed seed per (version, task)
     seq_len: int = 64                   # trainer row length (tokens)
@@ -365,7 +366,10 @@ class RLConfig:
         _check(self.max_new_tokens < self.seq_len,
                f"rl.max_new_tokens={self.max_new_tokens} must be < rl.seq_len={self.seq_len}: a "
                f"trainer row holds the prompt and the reply")
-        _check(self.temperature >= 0, f"rl.temperature must be >= 0, got {self.temperature}")
+        _check(self.temperature > 0,
+               f"rl.temperature={self.temperature}: training episodes are sampled at "
+               f"rl.temperature and the trainer scores logits / rl.temperature, so it must be "
+               f"> 0 (held-out episodes are greedy with rl.eval_greedy=true)")
         _check(isinstance(self.task, TaskConfig),
                f"rl.task must be a task family's section (TaskConfig), got {type(self.task).__name__}")
 

@@ -3,6 +3,7 @@ builder (`composer_jax.train.step.make_step_fns`) and two registered losses:
 
   "rl_policy"   the policy-gradient loss (`objectives.policy_loss`) on the batch's sampled tokens,
                 logp_old = the trainer's log-probs before the update (stop-gradient of this pass),
+                all log-probs those of logits / rl.temperature (the sampling distribution),
                 entropy and sampler-mismatch metrics; router replay through `ctx.forward`.
   "rl_seq_logp" sum over sampled tokens of the log-probs, per row (the k1 KL pre-pass).
 
@@ -67,11 +68,15 @@ _SEQ_FIELDS = ("tokens", "positions", "segment_ids", "targets", "loss_mask", "ro
 
 
 def _target_logp_entropy(model, batch, ctx):
-    """Per-token (logp [B,T], entropy [B,T]) of the targets, LM head in token chunks."""
+    """Per-token (logp [B,T], entropy [B,T]) of the targets under the sampling policy, LM head in
+    token chunks. Training episodes are sampled at rl.temperature and `behaviour_logp` is that
+    distribution's log-prob, so the trainer scores logits / rl.temperature too: the importance
+    ratio compares one distribution, and the gradient is that of the policy that samples."""
     out = ctx.forward(model, batch, with_mtp=False)
+    inv_temperature = 1.0 / ctx.cfg.rl.temperature
 
     def fn(h, tgt, w):
-        return objectives.token_logprobs(ctx.logits(h, w), tgt)
+        return objectives.token_logprobs(ctx.logits(h, w) * inv_temperature, tgt)
     return ctx.chunked_map(fn, (out.normed, batch["targets"]), (ctx.lm_head(model),))
 
 

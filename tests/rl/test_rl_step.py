@@ -146,6 +146,34 @@ def test_rl_step_loss_and_kl_match_independent_computation(sampled):
     assert float(m2["advantage_abs_mean"]) == pytest.approx(np.abs(adv2).mean(), rel=1e-3)
 
 
+def test_the_trainer_scores_the_distribution_sampled_at_rl_temperature():
+    """Episodes sampled at rl.temperature = 0.5: the trainer's log-probs (logits / 0.5) are the
+    sampler's, so the importance weights are 1 and nothing is truncated; a trainer scoring raw
+    logits (temperature 1) would see a large mismatch on the same batch."""
+    tok = tt.toy_tokenizer()
+    mcfg = tt.toy_model_config(tok.vocab_size)
+    engine = Engine.from_model(init_model(mcfg, 0), EngineConfig(
+        max_batch=4, max_len=64, capture_router=True, prefill_batch=4))
+    rollouts = tt.run_group(engine, tok, tt.make_tasks(2, 0), 2, max_new_tokens=6,
+                            temperature=0.5)
+    batch = make_batch(rollouts, seq_len=64)
+    batch["rewards"] = np.array([1.0, 0.0, 0.5, 0.0], np.float32)
+    mismatch = {}
+    for t in (0.5, 1.0):
+        cfg = Config(model=mcfg, rl=RLConfig(temperature=t, loss_normalizer=16.0),
+                     train=TrainConfig(lr=1e-3, warmup_steps=0, schedule="constant"))
+        fns, state = build_rl_step(init_model(mcfg, 0), cfg)
+        _, m = fns.rl_step(state, batch)
+        mismatch[t] = float(m["mismatch_abs"])
+        if t == 0.5:
+            assert float(m["is_truncated_frac"]) == 0.0
+            assert float(m["is_weight_mean"]) == pytest.approx(1.0, abs=5e-4)
+    assert mismatch[0.5] < 2e-4
+    assert mismatch[1.0] > 1e-2, mismatch
+    with pytest.raises(Exception, match="rl.temperature=0"):
+        RLConfig(temperature=0.0)
+
+
 # ------------------------------------------------------------------------------------------------
 # A real sandboxed oracle episode (issue 14's token-level agent), split by self-summarization,
 # trains one rl_step
