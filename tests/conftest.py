@@ -4,4 +4,11 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+# One JAX persistent compilation cache per test run, under the run's cache dir (CI: a fresh
+# `.cache` in the clone, so nothing carries over between runs). Many tests and the case scripts
+# they start in subprocesses (which inherit the variable) compile the same tiny programs; each is
+# compiled once. Programs that compile in under a second are not cached (JAX's default).
+if os.environ.get("COMPOSER_JAX_CACHE"):
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                          os.path.join(os.environ["COMPOSER_JAX_CACHE"], "jax_compilation"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
