@@ -2,7 +2,7 @@
 # The level-1 coding policy of issue 41 from nothing, one stage after another; a stage whose output
 # exists is skipped, so the script resumes after a stop (an interrupted SFT run resumes from its own
 # checkpoint). Results and what each stage measured: benchmarks/results/rl_coding_ladder.txt,
-# sections 14-24. Usage (repository root):
+# sections 14-26. Usage (repository root):
 #   bash benchmarks/rl_coding_policy.sh [RUNS_DIR]     (default runs; PYTHON=... picks the interpreter)
 # Stages and their time alone on 2 CPU cores (upper bounds, measured beside other jobs):
 #   pool       level-1 tasks, 400 training + 64 held-out, sandbox-verified            ~20 min
@@ -95,6 +95,8 @@ sft tsft_l1e "$R/tsft_l1d@500" 600 episodes_and_edit_tails 8 32
 # 6. windows also after the task statement and the first call (data.sft_window_context=2): the file lookup works
 #    there, but not after the system prompt; stopped at 353
 sft tsft_l1f "$R/tsft_l1e@500" 600 episodes_and_edit_tails 8 16 2
-# 7. windows up to the system prompt (data.sft_window_context=3)
+# 7. windows up to the system prompt (data.sft_window_context=3): the file 11 of 16 in whole held-out episodes
 sft tsft_l1g "$R/tsft_l1f@250" 400 episodes_and_edit_tails 8 16 3
-log "done: $R/tsft_l1g"
+# 8. more of stage 7 (section 26): the policy of the RL seeds (rl.task.init_from=$R/tsft_l1h)
+sft tsft_l1h "$R/tsft_l1g@400" 800 episodes_and_edit_tails 8 16 3
+log "done: $R/tsft_l1h"
