@@ -19,16 +19,23 @@ from composer_jax.rl.rollout import Rollout
 from composer_jax.rl.step import build_rl_step
 
 
-@pytest.fixture(scope="module")
-def sampled():
-    """A tiny MoE policy, and 2 tasks x 2 episodes sampled from it with router capture."""
+def _sample_toy(temperature: float):
+    """(tokenizer, model config, rollouts): a tiny MoE policy and 2 tasks x 2 episodes sampled from
+    it at `temperature` with router capture."""
     tok = tt.toy_tokenizer()
     mcfg = tt.toy_model_config(tok.vocab_size)
     model = init_model(mcfg, 0)
     engine = Engine.from_model(model, EngineConfig(max_batch=4, max_len=64, capture_router=True,
                                                    prefill_batch=4))
-    rollouts = tt.run_group(engine, tok, tt.make_tasks(2, 0), 2, max_new_tokens=6)
+    rollouts = tt.run_group(engine, tok, tt.make_tasks(2, 0), 2, max_new_tokens=6,
+                            temperature=temperature)
     return tok, mcfg, rollouts
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    """A tiny MoE policy, and 2 tasks x 2 episodes sampled from it at T = 1."""
+    return _sample_toy(1.0)
 
 
 def _np_log_softmax(x):
@@ -150,12 +157,7 @@ def test_the_trainer_scores_the_distribution_sampled_at_rl_temperature():
     """Episodes sampled at rl.temperature = 0.5: the trainer's log-probs (logits / 0.5) are the
     sampler's, so the importance weights are 1 and nothing is truncated; a trainer scoring raw
     logits (temperature 1) would see a large mismatch on the same batch."""
-    tok = tt.toy_tokenizer()
-    mcfg = tt.toy_model_config(tok.vocab_size)
-    engine = Engine.from_model(init_model(mcfg, 0), EngineConfig(
-        max_batch=4, max_len=64, capture_router=True, prefill_batch=4))
-    rollouts = tt.run_group(engine, tok, tt.make_tasks(2, 0), 2, max_new_tokens=6,
-                            temperature=0.5)
+    _, mcfg, rollouts = _sample_toy(0.5)
     batch = make_batch(rollouts, seq_len=64)
     batch["rewards"] = np.array([1.0, 0.0, 0.5, 0.0], np.float32)
     mismatch = {}
