@@ -3,7 +3,7 @@ plus the disjointness of held-out modules from every training row actually used.
 
     python benchmarks/rl_coding_ladder.py RUN [RUN ...] [--pool POOL] [--sft SFT_RUN] [--out FILE]
     python benchmarks/rl_coding_ladder.py --policy POLICY --config RUN [--split eval|train]
-                                          [--greedy] [--tasks N] [--show K]
+                                          [--greedy] [--tasks N] [--samples K] [--kinds K,..] [--show K]
     python benchmarks/rl_coding_ladder.py --policy POLICY --demos --pool POOL [--split eval|train] [--tasks N]
                                           [--show K] [--attention]
     python benchmarks/rl_coding_ladder.py --policy POLICY --copy_probe
@@ -19,7 +19,8 @@ and last evaluations, SE = sqrt(sum SE_i^2) / n, z = (last - first) / sqrt(SE_fi
 With --policy (a run workdir, WORKDIR@V, or the SFT run): that policy's episodes on N tasks of the
 split (held-out `eval` or `train`) with RUN's config (its family, pool and engine settings; the
 prompt, env.prompt_tools / env.declare_tools, is the policy's own run's) through the real agent, sandbox and grader (`rl.family_eval.FamilyEvaluator`'s engine), greedy or sampled at
-rl.temperature; prints resolved +- SE, valid-call rate and outcome classes.
+rl.temperature, --samples K episodes per task; prints resolved +- SE, valid-call rate, outcome classes,
+resolved per mutation kind and (K > 1) how many tasks K episodes resolved none, some or all of.
 
 With --policy, --demos and --pool: `demo_scores`, the policy's teacher-forced CE and argmax accuracy
 per assistant token on the oracle demonstrations of N tasks of the split (no generation); --show K
@@ -185,9 +186,34 @@ def policy_prompt(env, policy_dir: pathlib.Path):
     return dataclasses.replace(env, prompt_tools=own.prompt_tools, declare_tools=own.declare_tools)
 
 
-def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, show: int = 0) -> list[str]:
-    """Episodes of `policy` on the first `n` tasks of `split` (module docstring); `show`: the
-    decoded transcripts of the first `show` episodes too."""
+def task_kind(pool_dir: str, task_id: str) -> str:
+    """The level-1 mutation kind of a pool task (name, attribute or keyword; its first mutation's)."""
+    record = json.loads((pathlib.Path(pool_dir) / "tasks" / task_id / "task.json").read_text())
+    return record["mutations"][0].split(" ")[0].removesuffix("_typo") if record["mutations"] else "?"
+
+
+def kind_lines(pool_dir: str, rs: list, samples: int) -> list[str]:
+    """Resolved per mutation kind and, with `samples` > 1 episodes per task, how many tasks were
+    resolved by none, some or all of their episodes (a group of all-equal outcomes has no advantage)."""
+    from composer_jax.rl.batch_metrics import resolved_of
+    by_kind, by_task = {}, {}
+    for r in rs:
+        by_kind.setdefault(task_kind(pool_dir, r.task_id), []).append(resolved_of(r))
+        by_task.setdefault(r.task_id, []).append(resolved_of(r))
+    out = ["  per kind: " + ", ".join(f"{k} {int(sum(v))}/{len(v)} ({np.mean(v):.3f})"
+                                      for k, v in sorted(by_kind.items()))]
+    if samples > 1:
+        none = sum(1 for v in by_task.values() if not any(v))
+        every = sum(1 for v in by_task.values() if all(v))
+        out.append(f"  tasks by their {samples} episodes: none resolved {none}, all {every}, "
+                   f"mixed {len(by_task) - none - every} (of {len(by_task)})")
+    return out
+
+
+def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, show: int = 0,
+                    samples: int = 1, kinds: str = "") -> list[str]:
+    """Episodes of `policy` on the first `n` tasks of `split` (module docstring), `samples` per task
+    (each with its own sampling seed); `show`: the decoded transcripts of the first `show` episodes too."""
     import concurrent.futures
     import dataclasses
 
@@ -206,7 +232,10 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
         train=dataclasses.replace(cfg.train, init_from="")))
     cfg = dataclasses.replace(cfg, env=policy_prompt(cfg.env, pathlib.Path(path)))
     program = build_program(task_program_spec(cfg))
-    tasks = list(program.train_tasks() if split == "train" else program.eval_tasks())[:n]
+    tasks = list(program.train_tasks() if split == "train" else program.eval_tasks())
+    if kinds:
+        tasks = [t for t in tasks if task_kind(cfg.env.pool_dir, t) in kinds.split(",")]
+    tasks = [t for t in tasks[:n] for _ in range(samples)]
     weights = load_weights(str(pathlib.Path(path).resolve()) + (f"@{step}" if step else ""), cfg)
     model = weights.model()
     ev = FamilyEvaluator(program, cfg, engine_model=model)
@@ -233,7 +262,8 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
             f"{standard_error(res):.3f}; valid-call rate {b.get('valid_call_rate', math.nan):.3f}, turns "
             f"{b.get('turns_mean', math.nan):.2f}, generated tokens {b.get('generated_tokens_mean', math.nan):.1f}, "
             f"tampered {int(o.get('tampered', 0))}",
-            "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES)] + shown
+            "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES),
+            *kind_lines(cfg.env.pool_dir, rs, samples)] + shown
 
 
 def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
@@ -438,6 +468,10 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="eval", choices=("eval", "train"))
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--tasks", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=1,
+                    help="with --policy and --config: episodes per task (each its own sampling seed)")
+    ap.add_argument("--kinds", default="",
+                    help="with --policy and --config: only tasks of these mutation kinds (name,attribute,keyword)")
     ap.add_argument("--show", type=int, default=0,
                     help="with --policy: print the first N transcripts (with --demos: their edit calls, "
                     "token by token)")
@@ -465,7 +499,7 @@ def main(argv=None) -> int:
         print("\n".join(demo_scores(a.policy, a.pool, a.split, a.tasks, a.show, a.attention, a.edit_windows)))
         return 0
     if a.policy:
-        print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks, a.show)))
+        print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks, a.show, a.samples, a.kinds)))
         return 0
     lines, infos = [], []
     for run in a.runs:
