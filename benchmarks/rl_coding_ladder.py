@@ -11,8 +11,8 @@ plus the disjointness of held-out modules from every training row actually used.
 For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir): the held-out
 evaluation rows of metrics.jsonl (`rl.evaluators.EvaluatorService`: one episode per held-out task,
 sampled at rl.temperature with rl.eval_greedy=false) with resolved +- SE over tasks, valid-call rate,
-turns, generated tokens, outcome classes (`rl.batch_metrics.outcome_class`) and episodes the grader
-flagged as tampering; the training rows' totals (episodes, tampered, valid-call rate first/last
+turns, generated tokens, outcome classes (`rl.batch_metrics.outcome_class`), episodes the grader
+flagged as tampering and resolved per level and mutation kind (the `eval_level1_name_typo_...` rows); the training rows' totals (episodes, tampered, valid-call rate first/last
 third) and the run's rollouts/s (rl_summary.json). Pooled over runs: the mean of the per-run first
 and last evaluations, SE = sqrt(sum SE_i^2) / n, z = (last - first) / sqrt(SE_first^2 + SE_last^2).
 
@@ -91,6 +91,12 @@ def run_report(workdir: pathlib.Path) -> tuple[list[str], dict]:
                 int(r.get("eval_tampered", -1))]
         vals += [int(r.get(f"eval_outcome_{c}", -1)) for c in OUTCOMES]
         out.append("  " + " ".join(f"{x:>11}" if isinstance(x, int) else f"{x:>11.3f}" for x in vals))
+    kinds = sorted({k[len("eval_"):-len("_count")] for r in evals for k in r
+                    if k.startswith("eval_level") and k.endswith("_count")})
+    for kind in kinds:     # per-kind rows (`rl.tasks.coding` labels ladder episodes; older runs have none)
+        out.append(f"    {kind}: " + ", ".join(
+            f"v{int(r['step'])} {round(r[f'eval_{kind}_resolved_rate'] * r[f'eval_{kind}_count'])}/"
+            f"{int(r[f'eval_{kind}_count'])}" for r in evals if f"eval_{kind}_count" in r))
     info = {"evals": [{k: r.get(k) for k in ("step", "eval_resolved_rate", "eval_resolved_se")} for r in evals]}
     if train:
         third = max(1, len(train) // 3)

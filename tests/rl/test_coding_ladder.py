@@ -30,6 +30,10 @@ from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tasks.task import Task, unified_patch
 from composer_jax.env.tools import TOOL_SPECS
 from composer_jax.errors import ConfigError
+from composer_jax.agent.rollout import Rollout
+from composer_jax.agent.token_agent import TokenAgent
+from composer_jax.env.tasks.ladder_stats import site_kind
+from composer_jax.rl.batch_metrics import level_metrics
 from composer_jax.rl.tasks.coding import CodingFamily, interleave
 
 # small stdlib modules on both sides of the split (heldout.py's three, and seed 0's hash)
@@ -111,7 +115,9 @@ def _family(pool: TaskPool, tmp: pathlib.Path, tok, levels=(1,)) -> CodingFamily
     tok.save(tmp / "tokenizer.json")
     task = CodingTaskConfig(levels=levels, num_train_tasks=64, num_eval_tasks=64,
                             tokenizer=str(tmp / "tokenizer.json"))
-    cfg = dataclasses.replace(Config(), rl=RLConfig(task=task),
+    base = Config()
+    cfg = dataclasses.replace(base, rl=RLConfig(task=task),
+                              model=dataclasses.replace(base.model, vocab_size=tok.vocab_size),
                               env=EnvConfig(pool_dir=str(pool.root), use_embeddings=False))
     return CodingFamily(cfg)
 
@@ -133,6 +139,30 @@ def test_levels_select_train_and_heldout_tasks_of_disjoint_modules(tmp_path):
     assert interleave([[1, 2, 3], [4]]) == [1, 4, 2, 3]
     with pytest.raises(ConfigError):
         CodingTaskConfig(levels=(3,))
+
+
+def test_ladder_episodes_are_labelled_by_level_and_site_kind_for_per_kind_rows(tmp_path, monkeypatch):
+    pool = _pool(tmp_path)
+    fam = _family(pool, tmp_path, _tokenizer(pool), levels=(1, 2))
+    by_id = {t.task_id: t for t in pool.tasks()}
+    resolved = {}
+
+    def fake_run(self, task, task_dir, checkpoint=None, resume=None):    # the episode itself: no sandbox
+        resolved[task.task_id] = float(len(resolved) % 2)
+        return Rollout(task.task_id, "g0", [], {"total": 0.0, "resolved": resolved[task.task_id]})
+
+    monkeypatch.setattr(TokenAgent, "run", fake_run)
+    ids = fam.make_tasks("train") + fam.make_tasks("eval")
+    rs = [fam.run_episode(i, 0, None, greedy=True) for i in ids]
+    want = {f"{by_id[i].kind}_{site_kind(by_id[i])}" for i in ids}
+    assert {r.info["level"] for r in rs} == want
+    assert {k.split("_")[0] for k in want} == {"level1", "level2"} and len(want) >= 3
+    assert any(k.endswith("_typo") for k in want)                     # level 1: name/attribute/keyword
+    rows = level_metrics(rs, "eval_")
+    for label in want:
+        mine = [resolved[r.task_id] for r in rs if r.info["level"] == label]
+        assert rows[f"eval_{label}_count"] == len(mine)
+        assert rows[f"eval_{label}_resolved_rate"] == pytest.approx(sum(mine) / len(mine))
 
 
 def test_heldout_modules_never_in_training_rows_on_token_ids(tmp_path):

@@ -20,6 +20,12 @@ from composer_jax.env.tasks.ladder_split import split_of, top_level
 from composer_jax.env.tasks.pool import TaskPool
 
 
+def site_kind(task) -> str:
+    """The mutation kind of a ladder task's first mutation (`name_typo`, `keyword_typo`, `binop_swap`,
+    ...; "?" when it has none): what `per_level_site` counts and the RL rows' per-kind level labels."""
+    return task.mutations[0].split(" ", 1)[0] if task.mutations else "?"
+
+
 def pool_stats(pool: TaskPool) -> dict:
     """The ladder tasks (levels 1 and 2) of `pool`, counted (module docstring)."""
     tasks = [t for t in pool.tasks() if task_level(t.kind) in (1, 2)]
@@ -34,8 +40,7 @@ def pool_stats(pool: TaskPool) -> dict:
         "per_level_version": {f"level{lv}/{v}": n for (lv, v), n in sorted(collections.Counter(
             (task_level(t.kind), t.python_version) for t in tasks).items())},
         "per_level_site": {f"level{lv}/{k}": n for (lv, k), n in sorted(collections.Counter(
-            (task_level(t.kind), (t.mutations[0].split(" ", 1)[0] if t.mutations else "?"))
-            for t in tasks).items())},
+            (task_level(t.kind), site_kind(t)) for t in tasks).items())},
         "modules": {f"level{lv}/{sp}": len({m for (l2, s2, m) in per_module if (l2, s2) == (lv, sp)})
                     for lv, sp, _ in sorted(per_module)},
         "per_module": {f"level{lv}/{sp}/{m}": n for (lv, sp, m), n in sorted(per_module.items())},

@@ -42,6 +42,7 @@ from composer_jax.data.tokenizer import load_tokenizer
 from composer_jax.env.pythons import find_pythons
 from composer_jax.env.tasks.generate import generate_pool
 from composer_jax.env.tasks.ladder_generate import LadderSpec, generate_ladder, level_kind
+from composer_jax.env.tasks.ladder_stats import site_kind
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.errors import ConfigError
 from composer_jax.rl.tasks.registry import register
@@ -118,7 +119,10 @@ class CodingFamily(TaskFamily):
         agent = TokenAgent(engine, self.tokenizer(), agent_cfg, self.cfg.env,
                            policy=self.turn_policy(task_id, seed))
         # a crashed episode comes back as an error rollout (reward 0, reason kept), never raises
-        return agent.run(task, self.pool.task_dir(task_id), checkpoint=checkpoint, resume=resume)
+        rollout = agent.run(task, self.pool.task_dir(task_id), checkpoint=checkpoint, resume=resume)
+        if self.levels:     # ladder episodes: per-kind rows (`level_metrics`: level1_name_typo_resolved_rate, ...)
+            rollout.info["level"] = f"{task.kind}_{site_kind(task)}"
+        return rollout
 
     def turn_policy(self, task_id: str, seed: int):
         """How the episode's turns are generated: sampled with a seed per (episode, turn)."""
