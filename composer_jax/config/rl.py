@@ -56,6 +56,14 @@ class RLSchedule(str, enum.Enum):
                                    # version is loaded and train in completion order (throughput)
 
 
+class LadderKeywords(str, enum.Enum):
+    """Which level-1 keyword sites the ladder makes (`env.tasks.ladder_sites`): ANY (every CPython;
+    before 3.13 the TypeError names the misspelt keyword only) or HINTED (3.13+ tasks whose
+    TypeError also carries CPython's "Did you mean 'key'?", like names and attributes)."""
+    ANY = "any"
+    HINTED = "hinted"
+
+
 class ResumeMode(str, enum.Enum):
     """How a resumed episode rebuilds its engine session (`agent.episode_checkpoint`)."""
     PREFILL = "prefill"  # one prefill of the recorded prefix (cheap; next log-probs within fp32
@@ -124,7 +132,8 @@ class CodingTaskConfig(TaskConfig):
     split_seed / heldout_fraction: the module split (`env.tasks.ladder_split`: heldout.py's
     modules plus that fraction of the others, by a hash of the seed and the top-level name; the
     default 0 holds out heldout.py's modules only, which the pretraining corpus also lacks);
-    ladder_pythons: CPython versions of the ladder's tasks (() = every installed 3.8+)."""
+    ladder_pythons: CPython versions of the ladder's tasks (() = every installed 3.8+);
+    ladder_keywords: which level-1 keyword sites (`LadderKeywords`: any, or hinted only)."""
     family: str = "coding"
     init_from: str = ""
     tokenizer: str = ""
@@ -134,6 +143,7 @@ class CodingTaskConfig(TaskConfig):
     split_seed: int = 0
     heldout_fraction: float = 0.0
     ladder_pythons: tuple[str, ...] = ()
+    ladder_keywords: LadderKeywords = LadderKeywords.ANY
 
     def __post_init__(self):
         super().__post_init__()

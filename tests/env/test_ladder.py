@@ -4,11 +4,14 @@ from __future__ import annotations
 import ast
 import random
 import re
+import subprocess
 import sys
 import traceback
 
 import pytest
 
+from composer_jax.config.rl import LadderKeywords
+from composer_jax.env.pythons import find_pythons
 from composer_jax.env.tasks import ladder_sites, mutate
 from composer_jax.env.tasks.ladder_check import check_output, frame_pattern
 from composer_jax.env.tasks.ladder_generate import LadderSpec, task_level
@@ -78,6 +81,38 @@ def test_without_hints_only_keyword_sites_and_level2_sites_are_single_line_opera
     assert all("\n" not in SOURCE[s.mutation.start:s.mutation.end] for s in level2)
     with pytest.raises(ValueError):
         ladder_sites.raw_sites(SOURCE, 3, "3.12", random.Random(0))
+
+
+def _run_with(python: str, source: str, call: str, tmp_path) -> str:
+    """`_run` under another CPython (a subprocess): the traceback text that interpreter prints."""
+    (tmp_path / "mod.py").write_text(source)
+    script = f"import traceback, mod\ntry:\n    mod.{call}\nexcept Exception as e:\n" \
+             f"    print(''.join(traceback.format_exception(e)))"
+    return subprocess.run([python, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60).stdout
+
+
+def test_hinted_keyword_sites_exist_only_where_cpython_prints_the_keyword_hint(tmp_path):
+    def kinds(version, keywords):
+        return {s.kind for s in ladder_sites.sites(SOURCE, 1, version, random.Random(0), keywords)}
+
+    assert kinds("3.11", LadderKeywords.HINTED) == set()               # no hint of any kind
+    assert kinds("3.12", LadderKeywords.HINTED) == {"name", "attribute"}
+    assert kinds("3.13", LadderKeywords.HINTED) == {"name", "attribute", "keyword"}
+    assert kinds("3.11", LadderKeywords.ANY) == {"keyword"}
+    site = next(s for s in ladder_sites.sites(SOURCE, 1, "3.13", random.Random(0), LadderKeywords.HINTED)
+                if s.kind == "keyword")
+    assert "Did you mean '" + site.original in site.expect.replace("\\", "")
+    broken = mutate.apply(SOURCE, [site.mutation])
+    pythons = find_pythons()
+    if "3.13" not in pythons:
+        pytest.skip("CPython 3.13 is not installed (pyenv)")
+    out = _run_with(pythons["3.13"].executable, broken, "total([1, 2], 3)", tmp_path)
+    assert re.search(site.expect, out), out                            # 3.13 prints the hint
+    older = [v for v in ("3.12", "3.11") if v in pythons]
+    for v in older:                  # the hinted expectation fails on older CPythons: the check would reject
+        out = _run_with(pythons[v].executable, broken, "total([1, 2], 3)", tmp_path)
+        assert re.search(rf"TypeError: .*'{site.typo}'", out) and not re.search(site.expect, out)
 
 
 def test_typos_are_one_edit_and_deterministic():

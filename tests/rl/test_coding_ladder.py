@@ -22,7 +22,9 @@ from composer_jax.env.config import EnvConfig
 from composer_jax.env.pythons import find_pythons
 from composer_jax.env.tasks import ladder_sites, mutate, statements
 from composer_jax.env.tasks.ladder_disjoint import find_leaks, heldout_signatures
-from composer_jax.env.tasks.ladder_generate import level_kind
+from composer_jax.config.rl import LadderKeywords
+from composer_jax.env.tasks.ladder_generate import (KEYWORDS_FILE, LadderSpec, check_pool_keywords,
+                                                    generate_ladder, level_kind, pool_keywords)
 from composer_jax.env.tasks.ladder_plan import (last_frame, ladder_plan, oracle_agent, renamed_name,
                                                  traceback_edit)
 from composer_jax.env.tasks.ladder_split import split_of
@@ -163,6 +165,22 @@ def test_ladder_episodes_are_labelled_by_level_and_site_kind_for_per_kind_rows(t
         mine = [resolved[r.task_id] for r in rs if r.info["level"] == label]
         assert rows[f"eval_{label}_count"] == len(mine)
         assert rows[f"eval_{label}_resolved_rate"] == pytest.approx(sum(mine) / len(mine))
+
+
+def test_a_ladder_pool_keeps_the_keyword_sites_it_was_made_with(tmp_path):
+    pool = _pool(tmp_path)                       # ladder tasks made before the option: no record, ANY
+    assert not (pool.root / KEYWORDS_FILE).exists() and pool_keywords(pool.root) is LadderKeywords.ANY
+    full = LadderSpec(levels=(1,), train=1, heldout=1)                  # already full: nothing to make
+    env = EnvConfig(use_embeddings=False)
+    assert generate_ladder(env, pool.root, full, progress=False)["level1/train"]["made"] == 0
+    with pytest.raises(ConfigError, match="ladder_keywords=any, this run asks for hinted"):
+        generate_ladder(env, pool.root, dataclasses.replace(full, keywords=LadderKeywords.HINTED),
+                        progress=False)
+    fresh = tmp_path / "fresh"                   # an empty pool records what its first run asks for
+    check_pool_keywords(fresh, LadderKeywords.HINTED)
+    assert (fresh / KEYWORDS_FILE).read_text() == "hinted" and pool_keywords(fresh) is LadderKeywords.HINTED
+    check_pool_keywords(fresh, LadderKeywords.ANY)      # still no task in it: the record follows the run
+    assert pool_keywords(fresh) is LadderKeywords.ANY
 
 
 def test_heldout_modules_never_in_training_rows_on_token_ids(tmp_path):

@@ -13,7 +13,9 @@ once per (level, split) with:
     traceback with the "Did you mean" hint at the named line for level 1, no frame at the line
     for level 2);
   - the task's `split` from the module ("train" or "eval"), quotas per (module, level).
-`generate_ladder` fills each (level, split) up to its target; a rerun resumes.
+`generate_ladder` fills each (level, split) up to its target; a rerun resumes. A pool records the
+level-1 keyword sites it was made with (`KEYWORDS_FILE`, `LadderKeywords`) and refuses a run asking
+for the other kind.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import dataclasses
 import pathlib
 import random
 
+from composer_jax.config.rl import LadderKeywords
 from composer_jax.env.config import EnvConfig, Split
 from composer_jax.env.pythons import get_python
 from composer_jax.env.tasks import candidates as cands
@@ -29,11 +32,13 @@ from composer_jax.env.tasks import ladder_sites, statements
 from composer_jax.env.tasks.generate import Generator
 from composer_jax.env.tasks.ladder_check import level_check
 from composer_jax.env.tasks.ladder_split import TRAIN, split_of
-from composer_jax.env.tasks.pool import TaskPool
+from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
 from composer_jax.env.tasks.sources import ModuleSource, discover, discover_packages
 from composer_jax.env.tasks.validate import Verdict, check_candidate
+from composer_jax.errors import ConfigError
 
 LEVELS = (1, 2)
+KEYWORDS_FILE = "ladder_keywords.txt"    # the pool's LadderKeywords value (`check_pool_keywords`)
 
 
 def level_kind(level: int) -> str:
@@ -49,12 +54,14 @@ def task_level(kind: str) -> int:
 @dataclasses.dataclass(frozen=True)
 class LadderSpec:
     """What to build: `levels`, per level `train` tasks from training modules and `heldout`
-    tasks from held-out modules; the split's `seed` and held-out `fraction` (`ladder_split`)."""
+    tasks from held-out modules; the split's `seed` and held-out `fraction` (`ladder_split`);
+    `keywords`: which level-1 keyword sites (`config.rl.LadderKeywords`)."""
     levels: tuple[int, ...] = LEVELS
     train: int = 200
     heldout: int = 60
     seed: int = 0
     fraction: float = 0.0
+    keywords: LadderKeywords = LadderKeywords.ANY
 
     def __post_init__(self):
         if not self.levels or not set(self.levels) <= set(LEVELS):
@@ -107,7 +114,7 @@ class LadderGenerator(Generator):
         b = self.baselines[key]
         text = pathlib.Path(b.source.module_path).read_text(encoding="utf-8")
         rng = random.Random(f"{self.cfg.task_seed}-{self.kind}-{key}")
-        for site in ladder_sites.sites(text, self.level, b.source.version, rng):
+        for site in ladder_sites.sites(text, self.level, b.source.version, rng, self.spec.keywords):
             m = site.mutation
             detail = f"{m.describe()}: {site.original or text[m.start:m.end]} -> " \
                      f"{site.typo or m.replacement}"
@@ -158,11 +165,32 @@ def level_counts(pool: TaskPool) -> collections.Counter:
     return collections.Counter((t.kind, t.split) for t in pool.tasks())
 
 
+def pool_keywords(pool_dir) -> LadderKeywords:
+    """The keyword sites a ladder pool was made with (`KEYWORDS_FILE`; a pool without it: ANY)."""
+    f = pathlib.Path(pool_dir) / KEYWORDS_FILE
+    return LadderKeywords(f.read_text().strip()) if f.exists() else LadderKeywords.ANY
+
+
+def check_pool_keywords(pool_dir: pathlib.Path, keywords: LadderKeywords) -> None:
+    """Records `keywords` in a pool without ladder tasks; refuses to add to a pool made with other
+    keyword sites (its level-1 tasks would mix two definitions of the level)."""
+    has = pool_dir.exists() and any(task_level(t.kind) in LEVELS for t in TaskPool(pool_dir).tasks())
+    if has and pool_keywords(pool_dir) is not keywords:
+        raise ConfigError(f"the ladder pool {pool_dir} was made with rl.task.ladder_keywords="
+                          f"{pool_keywords(pool_dir).value}, this run asks for {keywords.value}: "
+                          f"set env.pool_dir to another directory (or ladder_keywords to "
+                          f"{pool_keywords(pool_dir).value})")
+    if not has:
+        pool_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(pool_dir / KEYWORDS_FILE, keywords.value)
+
+
 def generate_ladder(cfg: EnvConfig, pool_dir, spec: LadderSpec, progress: bool = True) -> dict:
     """Fills the pool at `pool_dir` up to `spec`'s targets per (level, split); returns
     {"level1/train": {"made", "target", "seconds", "rejections", ...}, ...} for this call's runs
     (a run that ends short says so in its entry; nothing raises for a shortfall)."""
     pool_dir = pathlib.Path(pool_dir)
+    check_pool_keywords(pool_dir, spec.keywords)
     out = {}
     for level in spec.levels:
         for split, want in ((TRAIN, spec.train), ("eval", spec.heldout)):

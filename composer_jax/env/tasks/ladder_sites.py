@@ -6,7 +6,9 @@ Level 1, one broken token on a line the failing output names (fixed by one edit)
   attribute  an attribute of `self`/`cls` misspelt (`self.value` -> `self.valeu`): AttributeError
              with the hint "Did you mean: 'value'?" (3.12+)
   keyword    a keyword argument of a call misspelt (`f(key=1)` -> `f(kye=1)`): TypeError naming
-             'kye' on the call's line (any version)
+             'kye' on the call's line (any version; `LadderKeywords.HINTED`: only where the message
+             also carries CPython's hint "Did you mean 'key'?", 3.13+ and a callee written in Python,
+             so the output names the fix as it does for names and attributes)
 Level 2, one wrong operator/constant/boundary whose line the failing output does not name
 (`mutate.py`'s binop_swap, boolop_swap, compare_flip, off_by_one, flip_constant); the level check
 (`ladder_check.py`) rejects those whose traceback points at the line.
@@ -25,11 +27,13 @@ import keyword
 import random
 import re
 
+from composer_jax.config.rl import LadderKeywords
 from composer_jax.env.tasks import mutate
 
 LEVEL1_KINDS = ("name", "attribute", "keyword")
 LEVEL2_OPERATORS = ("binop_swap", "boolop_swap", "compare_flip", "off_by_one", "flip_constant")
 HINT_MIN_VERSION = (3, 12)   # first CPython whose traceback module prints "Did you mean" hints
+KEYWORD_HINT_MIN_VERSION = (3, 13)   # first CPython whose keyword-argument TypeError carries one
 MIN_NAME = 4                 # shorter names have no one-edit typo CPython reliably suggests back
 
 
@@ -77,12 +81,14 @@ def identifiers(tree: ast.AST) -> frozenset[str]:
     return frozenset(out)
 
 
-def _hint(kind: str, typo: str, original: str) -> str:
+def _hint(kind: str, typo: str, original: str, keyword_hint: bool = False) -> str:
     t, o = re.escape(typo), re.escape(original)
     if kind == "name":
         return rf"NameError: name '{t}' is not defined\. Did you mean: '{o}'\?"
     if kind == "attribute":
         return rf"AttributeError: .*has no attribute '{t}'\. Did you mean: '{o}'\?"
+    if keyword_hint:
+        return rf"TypeError: .*unexpected keyword argument '{t}'\. Did you mean '{o}'\?"
     return rf"TypeError: .*'{t}'"
 
 
@@ -90,9 +96,12 @@ def _one_line(node: ast.AST) -> bool:
     return getattr(node, "lineno", None) is not None and node.lineno == node.end_lineno
 
 
-def level1_sites(source: str, rng: random.Random, hints: bool = True) -> list[LadderSite]:
+def level1_sites(source: str, rng: random.Random, hints: bool = True,
+                 keywords: str = "any") -> list[LadderSite]:
     """Level-1 sites of `source` in random order, one typo per site. `hints`: the target CPython
-    prints "Did you mean" hints (3.12+); without them only keyword sites are made."""
+    prints "Did you mean" hints (3.12+); without them only keyword sites are made. `keywords`:
+    "any" (keyword sites expect the TypeError naming the typo), "hinted" (they expect CPython
+    3.13's hint too) or "none" (no keyword sites)."""
     tree = ast.parse(source)
     off = mutate._Offsets(source)
     taken = identifiers(tree)
@@ -102,7 +111,8 @@ def level1_sites(source: str, rng: random.Random, hints: bool = True) -> list[La
         for typo in typos(original, rng):
             if typo not in taken:
                 m = mutate.Mutation(f"{kind}_typo", start, end, typo, node.lineno, qual)
-                out.append(LadderSite(m, 1, kind, original, typo, _hint(kind, typo, original)))
+                out.append(LadderSite(m, 1, kind, original, typo,
+                                      _hint(kind, typo, original, keywords == "hinted")))
                 return
 
     for qual, fn in mutate._functions(tree):
@@ -120,7 +130,7 @@ def level1_sites(source: str, rng: random.Random, hints: bool = True) -> list[La
                 b = off(node.end_lineno, node.end_col_offset)
                 if source[b - len(node.attr):b] == node.attr:
                     site("attribute", node, b - len(node.attr), b, node.attr, qual)
-            elif isinstance(node, ast.Call):
+            elif isinstance(node, ast.Call) and keywords != "none":
                 for kw in node.keywords:
                     if kw.arg is None or len(kw.arg) < MIN_NAME:
                         continue
@@ -145,18 +155,28 @@ def supports_hints(python_version: str) -> bool:
     return tuple(map(int, python_version.split("."))) >= HINT_MIN_VERSION
 
 
-def raw_sites(source: str, level: int, python_version: str, rng: random.Random) -> list:
+def level1_keywords(python_version: str, keywords: LadderKeywords) -> str:
+    """`level1_sites`'s `keywords` for a task run by `python_version` under `keywords`."""
+    if keywords is LadderKeywords.ANY:
+        return "any"
+    return "hinted" if tuple(map(int, python_version.split("."))) >= KEYWORD_HINT_MIN_VERSION else "none"
+
+
+def raw_sites(source: str, level: int, python_version: str, rng: random.Random,
+              keywords: LadderKeywords = LadderKeywords.ANY) -> list:
     """The level's sites of `source` for `python_version`, level-2 ones not yet syntax-checked."""
     if level == 1:
-        return level1_sites(source, rng, hints=supports_hints(python_version))
+        return level1_sites(source, rng, hints=supports_hints(python_version),
+                            keywords=level1_keywords(python_version, keywords))
     if level == 2:
         return level2_sites(source, rng)
     raise ValueError(f"ladder level must be 1 or 2, got {level}")
 
 
-def sites(source: str, level: int, python_version: str, rng: random.Random):
+def sites(source: str, level: int, python_version: str, rng: random.Random,
+          keywords: LadderKeywords = LadderKeywords.ANY):
     """Yields the level's valid sites of `source` for a task run by `python_version`, in random
-    order (each level-2 site parsed when it is reached)."""
-    for site in raw_sites(source, level, python_version, rng):
+    order (each level-2 site parsed when it is reached); `keywords`: which keyword sites."""
+    for site in raw_sites(source, level, python_version, rng, keywords):
         if level == 1 or mutate.is_valid(source, [site.mutation]):
             yield site

@@ -60,7 +60,7 @@ def possible_sites(cfg: EnvConfig, spec: LadderSpec) -> dict:
                 text = pathlib.Path(src.module_path).read_text(encoding="utf-8")
                 side = split_of(src.module, spec.seed, spec.fraction)
                 for level in spec.levels:
-                    n = len(ladder_sites.raw_sites(text, level, version, random.Random(0)))
+                    n = len(ladder_sites.raw_sites(text, level, version, random.Random(0), spec.keywords))
                     out[f"level{level}/{side}"]["sites"] += n
                     out[f"level{level}/{side}"]["modules"] += n > 0
             except (SyntaxError, UnicodeDecodeError, ValueError):

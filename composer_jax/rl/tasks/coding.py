@@ -37,7 +37,7 @@ from composer_jax.agent.policy_client import EngineClient
 from composer_jax.agent.tasks import TaskFamily
 from composer_jax.agent.token_agent import AgentConfig, SeededTurns, TokenAgent
 from composer_jax.config.data import resolved_cache_dir
-from composer_jax.config.rl import CodingTaskConfig
+from composer_jax.config.rl import CodingTaskConfig, LadderKeywords
 from composer_jax.data.tokenizer import load_tokenizer
 from composer_jax.env.pythons import find_pythons
 from composer_jax.env.tasks.generate import generate_pool
@@ -218,7 +218,7 @@ def ladder_spec(task_cfg: CodingTaskConfig) -> LadderSpec:
     """What the ladder pool must hold for `rl.task` (its levels, tasks per level and split)."""
     return LadderSpec(levels=tuple(task_cfg.levels), train=task_cfg.ladder_train,
                       heldout=task_cfg.ladder_heldout, seed=task_cfg.split_seed,
-                      fraction=task_cfg.heldout_fraction)
+                      fraction=task_cfg.heldout_fraction, keywords=task_cfg.ladder_keywords)
 
 
 def ladder_env(cfg):
@@ -238,7 +238,10 @@ def ensure_ladder_pool(cfg) -> pathlib.Path:
     d = (pathlib.Path(cfg.env.pool_dir) if cfg.env.pool_dir else
          _cache(cfg) / "ladder_pool" / _key(spec.seed, spec.fraction, e.python_versions,
                                             e.task_seed, e.max_tasks_per_module, e.modules,
-                                            e.package_sources, e.stdlib_sources))
+                                            e.package_sources, e.stdlib_sources,
+                                            # the default keeps the keys of pools made before it
+                                            *(() if spec.keywords is LadderKeywords.ANY else
+                                              (spec.keywords.value,))))
     print(f"rl.task=coding: the ladder pool (levels {spec.levels}) in {d}", file=sys.stderr)
     generate_ladder(e, d, spec, progress=True)
     return d
