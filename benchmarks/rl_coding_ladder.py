@@ -12,7 +12,9 @@ For each RUN (an `rl_async --set rl.task=coding --set rl.task.levels=1` workdir)
 evaluation rows of metrics.jsonl (`rl.evaluators.EvaluatorService`: one episode per held-out task,
 sampled at rl.temperature with rl.eval_greedy=false) with resolved +- SE over tasks, valid-call rate,
 turns, generated tokens, outcome classes (`rl.batch_metrics.outcome_class`), episodes the grader
-flagged as tampering and resolved per level and mutation kind (the `eval_level1_name_typo_...` rows); the training rows' totals (episodes, tampered, valid-call rate first/last
+flagged as tampering and resolved per level and mutation kind (the `eval_level1_name_typo_...` rows);
+the training groups by outcome (none / all / some resolved) and, in groups where none resolved, the
+correlation of the advantage with the episode's turns (what the reward's behaviour terms teach); the training rows' totals (episodes, tampered, valid-call rate first/last
 third) and the run's rollouts/s (rl_summary.json). Pooled over runs: the mean of the per-run first
 and last evaluations, SE = sqrt(sum SE_i^2) / n, z = (last - first) / sqrt(SE_first^2 + SE_last^2).
 
@@ -113,12 +115,43 @@ def run_report(workdir: pathlib.Path) -> tuple[list[str], dict]:
                    f"{np.mean([r.get('generated_tokens_mean', math.nan) for r in train[:third]]):.1f} -> "
                    f"{np.mean([r.get('generated_tokens_mean', math.nan) for r in train[-third:]]):.1f}")
         info.update(train_versions=len(train), train_tampered=tampered)
+        line, info["groups"] = group_report(workdir)
+        out.append(line)
     if summary:
         tot = summary.get("totals", summary)
         out.append(f"  wall {tot.get('elapsed_s', math.nan):.0f} s in the RL loop, rollouts/s "
                    f"{tot.get('rollouts_per_sec', math.nan):.3f} (training episodes; held-out ones not counted)")
         info.update(elapsed_s=tot.get("elapsed_s"), rollouts_per_sec=tot.get("rollouts_per_sec"))
     return out, info
+
+
+def group_report(workdir: pathlib.Path) -> tuple[str, dict]:
+    """The training groups by their episodes' outcomes (none / all / some resolved: only a mixed
+    group carries a resolved advantage), and in groups where none resolved, how the reward's
+    other terms rank the episodes: the mean Pearson r of (reward - group mean) against the
+    episode's turns over the groups with more than one turn count (negative: shorter is better)."""
+    from composer_jax.rl.rollout import Rollout
+    from composer_jax.rl.stream import RolloutLog
+
+    groups: dict[str, list] = {}
+    for item in RolloutLog(workdir / "rollouts").scan():
+        r = Rollout.load(item.path)
+        groups.setdefault(item.group_id, []).append(
+            (r.reward.get("resolved", 0.0) > 0.5, r.reward["total"], r.info.get("num_turns", 0)))
+    counts = {"none": 0, "all": 0, "mixed": 0}
+    rs = []
+    for eps in groups.values():
+        res = [e[0] for e in eps]
+        counts["none" if not any(res) else "all" if all(res) else "mixed"] += 1
+        if not any(res) and len(eps) > 1:
+            reward, turns = np.array([e[1] for e in eps]), np.array([e[2] for e in eps], float)
+            if reward.std() > 0 and turns.std() > 0:
+                rs.append(float(np.corrcoef(reward - reward.mean(), turns)[0, 1]))
+    r_mean = float(np.mean(rs)) if rs else math.nan
+    return (f"  groups: {len(groups)}, none resolved {counts['none']}, all {counts['all']}, mixed "
+            f"{counts['mixed']}; in none-resolved groups r(advantage, turns) = {r_mean:.2f} over {len(rs)} "
+            f"groups ({float(np.mean(np.array(rs) < 0)) if rs else math.nan:.0%} negative)",
+            {**counts, "fail_groups_r_turns": r_mean, "fail_groups_with_r": len(rs)})
 
 
 def pooled(infos: list[dict]) -> tuple[str, dict]:
