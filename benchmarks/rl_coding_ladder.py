@@ -14,8 +14,9 @@ sampled at rl.temperature with rl.eval_greedy=false) with resolved +- SE over ta
 turns, generated tokens, outcome classes (`rl.batch_metrics.outcome_class`), episodes the grader
 flagged as tampering and resolved per level and mutation kind (the `eval_level1_name_typo_...` rows);
 the training groups by outcome (none / all / some resolved) and, in groups where none resolved, the
-correlation of the advantage with the episode's turns (what the reward's behaviour terms teach); the training rows' totals (episodes, tampered, valid-call rate first/last
-third) and the run's rollouts/s (rl_summary.json). Pooled over runs: the mean of the per-run first
+correlation of the advantage with the episode's turns (what the reward's behaviour terms teach);
+the training rows' totals (episodes, tampered, valid-call rate first/last third) and the run's
+rollouts/s (rl_summary.json). Pooled over runs: the mean of the per-run first
 and last evaluations, SE = sqrt(sum SE_i^2) / n, z = (last - first) / sqrt(SE_first^2 + SE_last^2).
 
 With --policy (a run workdir, WORKDIR@V, or the SFT run): that policy's episodes on N tasks of the
@@ -130,6 +131,7 @@ def group_report(workdir: pathlib.Path) -> tuple[str, dict]:
     group carries a resolved advantage), and in groups where none resolved, how the reward's
     other terms rank the episodes: the mean Pearson r of (reward - group mean) against the
     episode's turns over the groups with more than one turn count (negative: shorter is better)."""
+    from composer_jax.rl.batch_metrics import resolved_of
     from composer_jax.rl.rollout import Rollout
     from composer_jax.rl.stream import RolloutLog
 
@@ -137,7 +139,7 @@ def group_report(workdir: pathlib.Path) -> tuple[str, dict]:
     for item in RolloutLog(workdir / "rollouts").scan():
         r = Rollout.load(item.path)
         groups.setdefault(item.group_id, []).append(
-            (r.reward.get("resolved", 0.0) > 0.5, r.reward["total"], r.info.get("num_turns", 0)))
+            (resolved_of(r) > 0, r.reward["total"], r.info.get("num_turns", 0)))
     counts = {"none": 0, "all": 0, "mixed": 0}
     rs = []
     for eps in groups.values():
@@ -225,19 +227,21 @@ def policy_prompt(env, policy_dir: pathlib.Path):
     return dataclasses.replace(env, prompt_tools=own.prompt_tools, declare_tools=own.declare_tools)
 
 
-def task_kind(pool_dir: str, task_id: str) -> str:
-    """The level-1 mutation kind of a pool task (name, attribute or keyword; its first mutation's)."""
-    record = json.loads((pathlib.Path(pool_dir) / "tasks" / task_id / "task.json").read_text())
-    return record["mutations"][0].split(" ")[0].removesuffix("_typo") if record["mutations"] else "?"
+def task_kinds(pool_dir: str) -> dict[str, str]:
+    """task id -> its level-1 mutation kind (`ladder_stats.site_kind` without "_typo": name,
+    attribute or keyword), for every task of the pool."""
+    from composer_jax.env.tasks.ladder_stats import site_kind
+    from composer_jax.env.tasks.pool import TaskPool
+    return {t.task_id: site_kind(t).removesuffix("_typo") for t in TaskPool(pathlib.Path(pool_dir)).tasks()}
 
 
-def kind_lines(pool_dir: str, rs: list, samples: int) -> list[str]:
+def kind_lines(kind_of: dict[str, str], rs: list, samples: int) -> list[str]:
     """Resolved per mutation kind and, with `samples` > 1 episodes per task, how many tasks were
     resolved by none, some or all of their episodes (a group of all-equal outcomes has no advantage)."""
     from composer_jax.rl.batch_metrics import resolved_of
     by_kind, by_task = {}, {}
     for r in rs:
-        by_kind.setdefault(task_kind(pool_dir, r.task_id), []).append(resolved_of(r))
+        by_kind.setdefault(kind_of[r.task_id], []).append(resolved_of(r))
         by_task.setdefault(r.task_id, []).append(resolved_of(r))
     out = ["  per kind: " + ", ".join(f"{k} {int(sum(v))}/{len(v)} ({np.mean(v):.3f})"
                                       for k, v in sorted(by_kind.items()))]
@@ -272,8 +276,9 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
     cfg = dataclasses.replace(cfg, env=policy_prompt(cfg.env, pathlib.Path(path)))
     program = build_program(task_program_spec(cfg))
     tasks = list(program.train_tasks() if split == "train" else program.eval_tasks())
+    kind_of = task_kinds(cfg.env.pool_dir)
     if kinds:
-        tasks = [t for t in tasks if task_kind(cfg.env.pool_dir, t) in kinds.split(",")]
+        tasks = [t for t in tasks if kind_of[t] in kinds.split(",")]
     tasks = [t for t in tasks[:n] for _ in range(samples)]
     weights = load_weights(str(pathlib.Path(path).resolve()) + (f"@{step}" if step else ""), cfg)
     model = weights.model()
@@ -302,7 +307,7 @@ def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, sho
             f"{b.get('turns_mean', math.nan):.2f}, generated tokens {b.get('generated_tokens_mean', math.nan):.1f}, "
             f"tampered {int(o.get('tampered', 0))}",
             "  outcomes: " + ", ".join(f"{c} {int(o.get('outcome_' + c, 0))}" for c in OUTCOMES),
-            *kind_lines(cfg.env.pool_dir, rs, samples)] + shown
+            *kind_lines(kind_of, rs, samples)] + shown
 
 
 def demo_scores(policy: str, pool_dir: str, split: str, n: int, show: int = 0,
