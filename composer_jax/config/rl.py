@@ -64,6 +64,15 @@ class LadderKeywords(str, enum.Enum):
     HINTED = "hinted"
 
 
+class BehaviourReward(str, enum.Enum):
+    """Where the reward's behaviour terms (valid/invalid calls, length, communication) rank a
+    group's episodes (`rl/trained_reward.py`): EVERY_GROUP, or RESOLVED_GROUPS only (in a group
+    where no episode resolved they are left out, so a shorter failure never outranks a longer
+    one; integrity terms count in every group)."""
+    EVERY_GROUP = "every_group"
+    RESOLVED_GROUPS = "resolved_groups"
+
+
 class ResumeMode(str, enum.Enum):
     """How a resumed episode rebuilds its engine session (`agent.episode_checkpoint`)."""
     PREFILL = "prefill"  # one prefill of the recorded prefix (cheap; next log-probs within fp32
@@ -337,6 +346,8 @@ class RLConfig:
     clip_eps: float = 0.2               # PPO clipping (loss=ppo_clip)
     loss_normalizer: float = 4096.0     # token sums are divided by this constant (Dr.GRPO)
     kl_coef: float = 0.0                # k1 KL penalty placed in the reward
+    behaviour_reward: BehaviourReward = BehaviourReward.EVERY_GROUP  # where the behaviour terms
+                                        # count: every_group | resolved_groups (BehaviourReward)
     max_staleness: int = 4              # admission control: versions ahead of the trainer
     stale_policy: StalePolicy = StalePolicy.DROP   # at consumption, a group older than max_staleness
     schedule: RLSchedule = RLSchedule.REPRODUCIBLE  # reproducible (fixed version per group, job

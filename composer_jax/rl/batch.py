@@ -11,7 +11,8 @@ position t predicts tokens[b, t+1], so
     behaviour_logp                       [B,T] float32 the sampler's log-prob of the target
     router_replay                        [Lm,B,T,K] int32 experts chosen at sampling for the token
                                          at t (only when every segment recorded them)
-    rewards, resolved, sample_weight     [B] float32  episode reward, resolved flag, 1/k (0 = pad)
+    rewards, resolved, sample_weight     [B] float32  episode reward as trained (`trained_reward`),
+                                         resolved flag, 1/k (0 = pad)
     group_ids, episode_ids               [B] int32    task group and episode of the row
 
 `advantages` [B] are computed inside the step (the k1 KL needs the trainer's log-probs), from
@@ -25,7 +26,9 @@ from typing import Sequence
 
 import numpy as np
 
+from composer_jax.config.rl import BehaviourReward
 from composer_jax.rl.rollout import NO_EXPERT, Rollout
+from composer_jax.rl.trained_reward import trained_rewards
 
 
 def resolved_of(rollout: Rollout) -> float:
@@ -44,15 +47,18 @@ def replays_routers(cfg) -> bool:
 
 def make_batch(rollouts: Sequence[Rollout], *, seq_len: int, batch_size: int | None = None,
                router_replay: bool = True,
-               error_reward: float | None = None) -> dict[str, np.ndarray]:
+               error_reward: float | None = None,
+               behaviour: BehaviourReward | str = BehaviourReward.EVERY_GROUP
+               ) -> dict[str, np.ndarray]:
     """The training arrays of `rollouts` (module docstring). Error rollouts (`rollout.error`):
     with `error_reward` set, those with sampled tokens are trained with that reward (a crashed
     episode is penalised, never escapes a negative reward) and those without are left out (nothing
     to train; `batch_metrics.error_metrics` counts both); with None every error rollout is left
     out. seq_len: T (a longer segment is an error: raise the length or summarise earlier);
     batch_size: pad to this many rows (default: exactly the number of segments); router_replay:
-    include `router_replay` (needs every segment to carry router indices)."""
-    rows = _rows(rollouts, error_reward)
+    include `router_replay` (needs every segment to carry router indices); behaviour: where the
+    reward's behaviour terms count (`trained_reward.trained_rewards`)."""
+    rows = _rows(rollouts, error_reward, behaviour)
     b = _check_rows(rows, seq_len, batch_size)
     out = _zeros(b, seq_len)
     replay = router_replay and all(s.router_indices is not None for s, *_ in rows)
@@ -82,7 +88,8 @@ def make_batch(rollouts: Sequence[Rollout], *, seq_len: int, batch_size: int | N
     return out
 
 
-def _rows(rollouts: Sequence[Rollout], error_reward: float | None = None) -> list[tuple]:
+def _rows(rollouts: Sequence[Rollout], error_reward: float | None = None,
+          behaviour: BehaviourReward | str = BehaviourReward.EVERY_GROUP) -> list[tuple]:
     """(segment, reward, resolved, weight, group, episode) of every trainable segment (error
     rollouts: see `make_batch`)."""
     def keep(r: Rollout) -> bool:
@@ -90,10 +97,12 @@ def _rows(rollouts: Sequence[Rollout], error_reward: float | None = None) -> lis
 
     rows = []
     groups: dict[str, int] = {}
-    for e, r in enumerate(x for x in rollouts if keep(x)):
+    kept = [x for x in rollouts if keep(x)]
+    rewards = trained_rewards(kept, behaviour)
+    for e, r in enumerate(kept):
         segs = [s for s in r.segments if len(s) > 1]
         g = groups.setdefault(r.group_id, len(groups))
-        reward, resolved = ((r.total_reward, resolved_of(r)) if r.error is None
+        reward, resolved = ((float(rewards[e]), resolved_of(r)) if r.error is None
                             else (float(error_reward), 0.0))
         for s in segs:
             rows.append((s, reward, resolved, 1.0 / len(segs), g, e))

@@ -51,7 +51,8 @@ class ModelLearner:
         segments = sum(len(r.segments) for r in rollouts)
         batch = make_batch(rollouts, seq_len=rl.seq_len,
                            batch_size=rows * max(1, -(-segments // rows)),
-                           router_replay=replays_routers(self.cfg), error_reward=-self.error_penalty)
+                           router_replay=replays_routers(self.cfg), error_reward=-self.error_penalty,
+                           behaviour=rl.behaviour_reward)
         state, metrics = fns.rl_step(state, batch)
         return state, {k: float(v) for k, v in jax.device_get(metrics).items()}
 
