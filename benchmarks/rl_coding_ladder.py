@@ -128,31 +128,36 @@ def run_report(workdir: pathlib.Path) -> tuple[list[str], dict]:
 
 def group_report(workdir: pathlib.Path) -> tuple[str, dict]:
     """The training groups by their episodes' outcomes (none / all / some resolved: only a mixed
-    group carries a resolved advantage), and in groups where none resolved, how the reward's
-    other terms rank the episodes: the mean Pearson r of (reward - group mean) against the
-    episode's turns over the groups with more than one turn count (negative: shorter is better)."""
+    group carries a resolved advantage), and in groups where none resolved, how the reward the
+    run trained with (`rl/trained_reward.py`, the run's rl.behaviour_reward) ranks the episodes:
+    the mean Pearson r of (reward - group mean) against the episode's turns over the groups with
+    more than one turn count and any spread in reward (negative: shorter is better)."""
+    from composer_jax.api import load_config
     from composer_jax.rl.batch_metrics import resolved_of
     from composer_jax.rl.rollout import Rollout
     from composer_jax.rl.stream import RolloutLog
+    from composer_jax.rl.trained_reward import trained_rewards
 
+    behaviour = load_config(workdir / "config.json").rl.behaviour_reward
     groups: dict[str, list] = {}
     for item in RolloutLog(workdir / "rollouts").scan():
         r = Rollout.load(item.path)
-        groups.setdefault(item.group_id, []).append(
-            (resolved_of(r) > 0, r.reward["total"], r.info.get("num_turns", 0)))
+        groups.setdefault(item.group_id, []).append(r)
     counts = {"none": 0, "all": 0, "mixed": 0}
     rs = []
     for eps in groups.values():
-        res = [e[0] for e in eps]
+        res = [resolved_of(r) > 0 for r in eps]
         counts["none" if not any(res) else "all" if all(res) else "mixed"] += 1
         if not any(res) and len(eps) > 1:
-            reward, turns = np.array([e[1] for e in eps]), np.array([e[2] for e in eps], float)
+            reward = trained_rewards(eps, behaviour)
+            turns = np.array([r.info.get("num_turns", 0) for r in eps], float)
             if reward.std() > 0 and turns.std() > 0:
                 rs.append(float(np.corrcoef(reward - reward.mean(), turns)[0, 1]))
     r_mean = float(np.mean(rs)) if rs else math.nan
     return (f"  groups: {len(groups)}, none resolved {counts['none']}, all {counts['all']}, mixed "
             f"{counts['mixed']}; in none-resolved groups r(advantage, turns) = {r_mean:.2f} over {len(rs)} "
-            f"groups ({float(np.mean(np.array(rs) < 0)) if rs else math.nan:.0%} negative)",
+            f"groups ({float(np.mean(np.array(rs) < 0)) if rs else math.nan:.0%} negative; trained "
+            f"rewards, rl.behaviour_reward={behaviour.value})",
             {**counts, "fail_groups_r_turns": r_mean, "fail_groups_with_r": len(rs)})
 
 
