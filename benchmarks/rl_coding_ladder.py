@@ -161,6 +161,44 @@ def group_report(workdir: pathlib.Path) -> tuple[str, dict]:
             {**counts, "fail_groups_r_turns": r_mean, "fail_groups_with_r": len(rs)})
 
 
+def pass_rates(runs: list[pathlib.Path], max_version: int) -> dict[str, tuple[int, int]]:
+    """task id -> (resolved, episodes) over the training rollouts of `runs` whose first token was
+    sampled by a policy version <= max_version."""
+    from composer_jax.rl.batch_metrics import resolved_of
+    from composer_jax.rl.rollout import Rollout
+    from composer_jax.rl.stream import RolloutLog
+
+    out: dict[str, list[int]] = {}
+    for run in runs:
+        for item in RolloutLog(run / "rollouts").scan():
+            r = Rollout.load(item.path)
+            used = r.versions_used()
+            if used is None or used[0] > max_version:
+                continue
+            c = out.setdefault(r.task_id, [0, 0])
+            c[0] += int(resolved_of(r) > 0)
+            c[1] += 1
+    return {t: (c[0], c[1]) for t, c in sorted(out.items())}
+
+
+def pass_rate_file(runs: list[pathlib.Path], max_version: int, keep: str) -> tuple[str, list[str]]:
+    """(text of an rl.task.train_tasks_file, summary lines): the training tasks of `runs` whose
+    pass rate is in (0, 1) (keep=mixed) or > 0 (keep=resolved), with the rates as comments."""
+    rates = pass_rates(runs, max_version)
+    want = ((lambda k, n: 0 < k < n) if keep == "mixed" else (lambda k, n: k > 0))
+    kept = [t for t, (k, n) in rates.items() if want(k, n)]
+    head = [f"# training tasks with pass rate {'in (0, 1)' if keep == 'mixed' else '> 0'} over the "
+            f"rollouts of {', '.join(str(r) for r in runs)}"
+            + (f" sampled by policy versions <= {max_version}" if max_version < 10**9 else ""),
+            f"# {len(kept)} of {len(rates)} tasks seen; per task: resolved/episodes"]
+    body = [f"{t}  # {rates[t][0]}/{rates[t][1]}" for t in kept]
+    n_all = [k for k, n in rates.values()]
+    summary = [f"pass rates: {len(rates)} tasks, {sum(n for _, n in rates.values())} episodes; "
+               f"resolved never {n_all.count(0)}, always "
+               f"{sum(1 for k, n in rates.values() if k == n)}, kept ({keep}) {len(kept)}"]
+    return "\n".join(head + body) + "\n", summary
+
+
 def pooled(infos: list[dict]) -> tuple[str, dict]:
     firsts = [i["evals"][0] for i in infos if len(i["evals"]) >= 2]
     lasts = [i["evals"][-1] for i in infos if len(i["evals"]) >= 2]
@@ -537,6 +575,11 @@ def main(argv=None) -> int:
                     help="with --copy_probe: tokens per random sequence (the copy distance)")
     ap.add_argument("--copy_ids", type=int, default=0,
                     help="with --copy_probe: draw from the first N non-special ids (0: the upper 3/4)")
+    ap.add_argument("--pass_rates", choices=("", "mixed", "resolved"), default="",
+                    help="with RUN...: write --out, an rl.task.train_tasks_file of the training tasks "
+                    "whose pass rate over the runs' rollouts is in (0, 1) (mixed) or > 0 (resolved)")
+    ap.add_argument("--max_version", type=int, default=10**9,
+                    help="with --pass_rates: only rollouts sampled by policy versions <= this")
     ap.add_argument("--pool", default="")
     ap.add_argument("--sft", default="")
     ap.add_argument("--out", default="")
@@ -549,6 +592,13 @@ def main(argv=None) -> int:
         return 0
     if a.policy:
         print("\n".join(evaluate_policy(a.policy, a.config, a.split, a.greedy, a.tasks, a.show, a.samples, a.kinds)))
+        return 0
+    if a.pass_rates:
+        if not a.out:
+            ap.error("--pass_rates needs --out FILE")
+        text, summary = pass_rate_file([pathlib.Path(r) for r in a.runs], a.max_version, a.pass_rates)
+        pathlib.Path(a.out).write_text(text)
+        print("\n".join(summary + [f"wrote {a.out}"]))
         return 0
     lines, infos = [], []
     for run in a.runs:

@@ -142,7 +142,11 @@ class CodingTaskConfig(TaskConfig):
     modules plus that fraction of the others, by a hash of the seed and the top-level name; the
     default 0 holds out heldout.py's modules only, which the pretraining corpus also lacks);
     ladder_pythons: CPython versions of the ladder's tasks (() = every installed 3.8+);
-    ladder_keywords: which level-1 keyword sites (`LadderKeywords`: any, or hinted only)."""
+    ladder_keywords: which level-1 keyword sites (`LadderKeywords`: any, or hinted only).
+    train_tasks_file: a text file of training task ids, one per line ('#' starts a comment; e.g.
+    the tasks an earlier policy resolved sometimes but not always, written by
+    `benchmarks/rl_coding_ladder.py --pass-rates`): train on those only, in place of the first
+    num_train_tasks; each must be a training task of the pool ("" = off)."""
     family: str = "coding"
     init_from: str = ""
     tokenizer: str = ""
@@ -153,6 +157,7 @@ class CodingTaskConfig(TaskConfig):
     heldout_fraction: float = 0.0
     ladder_pythons: tuple[str, ...] = ()
     ladder_keywords: LadderKeywords = LadderKeywords.ANY
+    train_tasks_file: str = ""
 
     def __post_init__(self):
         super().__post_init__()

@@ -66,6 +66,33 @@ def _pool_tasks(pool_dir: str, levels: tuple = ()):
                                for lv in levels]) for split in ("train", "eval"))
 
 
+def read_task_ids(path: str) -> list[str]:
+    """The task ids of a text file, one per line; '#' starts a comment, blank lines are skipped."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise ConfigError(f"rl.task.train_tasks_file={path}: no such file (write one with "
+                          f"benchmarks/rl_coding_ladder.py --pass-rates, or leave it empty)")
+    ids = [line.split("#", 1)[0].strip() for line in p.read_text().splitlines()]
+    return [i for i in ids if i]
+
+
+def listed_tasks(path: str, train: list, heldout: list) -> list:
+    """The training tasks (of `train`) whose ids the file at `path` lists, in the file's order.
+    ConfigError for an empty list, a repeated id, a held-out task or an id the pool lacks."""
+    ids = read_task_ids(path)
+    by_id, held = {t.task_id: t for t in train}, {t.task_id for t in heldout}
+    bad = {"held-out": [i for i in ids if i in held],
+           "not in the pool's training tasks": [i for i in ids if i not in by_id and i not in held]}
+    for why, which in bad.items():
+        if which:
+            raise ConfigError(f"rl.task.train_tasks_file={path}: {len(which)} id(s) {why} "
+                              f"(first: {which[0]}); list training task ids of this pool only")
+    if not ids or len(set(ids)) != len(ids):
+        raise ConfigError(f"rl.task.train_tasks_file={path}: "
+                          + ("lists no task" if not ids else "repeats a task id"))
+    return [by_id[i] for i in ids]
+
+
 def interleave(lists: list[list]) -> list:
     """[a0, b0, a1, b1, ...]: the lists' items taken in turn until all are used."""
     out = []
@@ -96,9 +123,11 @@ class CodingFamily(TaskFamily):
             raise ConfigError(f"rl.task=coding: the task pool {self.pool_dir} holds no training "
                               f"{what}; build one with --experiment=env_generate (the ladder: "
                               f"--experiment=env_ladder) or set env.pool_dir")
-        self._train = [x.task_id for x in tasks[:t.num_train_tasks]]
+        train = (listed_tasks(t.train_tasks_file, tasks, heldout) if t.train_tasks_file
+                 else tasks[:t.num_train_tasks])
+        self._train = [x.task_id for x in train]
         self._eval = [x.task_id for x in heldout[:t.num_eval_tasks]]
-        self._tasks = {x.task_id: x for x in tasks[:t.num_train_tasks] + heldout[:t.num_eval_tasks]}
+        self._tasks = {x.task_id: x for x in train + heldout[:t.num_eval_tasks]}
 
     def make_tasks(self, split: str) -> list[str]:
         return list(self._train) if split == "train" else list(self._eval)
