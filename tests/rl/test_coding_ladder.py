@@ -113,10 +113,10 @@ def _episode_row(tok, pool: TaskPool, task: Task, hasty: bool = False, rename: i
     return encode_messages(tok, messages, TOOL_SPECS)[0]
 
 
-def _family(pool: TaskPool, tmp: pathlib.Path, tok, levels=(1,)) -> CodingFamily:
+def _family(pool: TaskPool, tmp: pathlib.Path, tok, levels=(1,), **task_kw) -> CodingFamily:
     tok.save(tmp / "tokenizer.json")
     task = CodingTaskConfig(levels=levels, num_train_tasks=64, num_eval_tasks=64,
-                            tokenizer=str(tmp / "tokenizer.json"))
+                            tokenizer=str(tmp / "tokenizer.json"), **task_kw)
     base = Config()
     cfg = dataclasses.replace(base, rl=RLConfig(task=task),
                               model=dataclasses.replace(base.model, vocab_size=tok.vocab_size),
@@ -141,6 +141,25 @@ def test_levels_select_train_and_heldout_tasks_of_disjoint_modules(tmp_path):
     assert interleave([[1, 2, 3], [4]]) == [1, 4, 2, 3]
     with pytest.raises(ConfigError):
         CodingTaskConfig(levels=(3,))
+
+
+def test_a_task_list_file_selects_the_training_tasks_and_refuses_held_out_ones(tmp_path):
+    pool = _pool(tmp_path)
+    tok = _tokenizer(pool)
+    full = _family(pool, tmp_path, tok)
+    train, held = full.make_tasks("train"), full.make_tasks("eval")
+    listed = tmp_path / "tasks.txt"
+    listed.write_text(f"# mixed-rate tasks\n{train[2]}  # 1/4\n\n{train[0]}\n")
+    fam = _family(pool, tmp_path, tok, train_tasks_file=str(listed))
+    assert fam.make_tasks("train") == [train[2], train[0]]       # the file's order
+    assert fam.make_tasks("eval") == held                         # held-out split unchanged
+    for text, why in [(f"{train[0]}\n{held[0]}\n", "held-out"), ("level1-nope\n", "not in the pool"),
+                      (f"{train[0]}\n{train[0]}\n", "repeats"), ("# nothing\n", "lists no task")]:
+        listed.write_text(text)
+        with pytest.raises(ConfigError, match=why):
+            _family(pool, tmp_path, tok, train_tasks_file=str(listed))
+    with pytest.raises(ConfigError, match="no such file"):
+        _family(pool, tmp_path, tok, train_tasks_file=str(tmp_path / "missing.txt"))
 
 
 def test_ladder_episodes_are_labelled_by_level_and_site_kind_for_per_kind_rows(tmp_path, monkeypatch):
