@@ -145,7 +145,7 @@ class CodingTaskConfig(TaskConfig):
     ladder_keywords: which level-1 keyword sites (`LadderKeywords`: any, or hinted only).
     train_tasks_file: a text file of training task ids, one per line ('#' starts a comment; e.g.
     the tasks an earlier policy resolved sometimes but not always, written by
-    `benchmarks/rl_coding_ladder.py --pass-rates`): train on those only, in place of the first
+    `benchmarks/rl_coding_ladder.py --pass_rates`): train on those only, in place of the first
     num_train_tasks; each must be a training task of the pool ("" = off)."""
     family: str = "coding"
     init_from: str = ""

@@ -71,7 +71,7 @@ def read_task_ids(path: str) -> list[str]:
     p = pathlib.Path(path)
     if not p.is_file():
         raise ConfigError(f"rl.task.train_tasks_file={path}: no such file (write one with "
-                          f"benchmarks/rl_coding_ladder.py --pass-rates, or leave it empty)")
+                          f"benchmarks/rl_coding_ladder.py --pass_rates, or leave it empty)")
     ids = [line.split("#", 1)[0].strip() for line in p.read_text().splitlines()]
     return [i for i in ids if i]
 
