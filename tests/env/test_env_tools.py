@@ -85,6 +85,18 @@ def test_run_terminal_cmd_exit_code_timeout_and_background(ws):
     assert ws.call("run_terminal_cmd", {"command": "  "}).is_error
 
 
+def test_test_runner_durations_are_zeroed_so_the_same_episode_sees_the_same_tokens(ws):
+    """A unittest run prints its wall-clock time; the agent sees 0 there, so two runs of one
+    command give the same text (and the same seed the same episode)."""
+    slow = ("import time, unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+            "        time.sleep(0.05)\nunittest.main()\n")
+    ws.call("write_file", {"file_path": "t_slow.py", "contents": slow})
+    runs = [ws.call("run_terminal_cmd", {"command": "python t_slow.py 2>&1"}).output for _ in range(2)]
+    assert runs[0] == runs[1] and "Ran 1 test in 0.000s" in runs[0], runs
+    echoed = ws.call("run_terminal_cmd", {"command": "echo 'took 0.05s'; echo '== 1 passed in 1.5s =='"})
+    assert "took 0.05s" in echoed.output and "== 1 passed in 0.00s ==" in echoed.output
+
+
 def test_finish(ws):
     r = ws.call("finish", {"message": "bye"})
     assert r.finished and r.output == "bye" and not r.is_error

@@ -1,12 +1,28 @@
 """run_terminal_cmd and finish."""
 from __future__ import annotations
 
+import re
+
 from composer_jax.env.tools.result import ToolResult, error
+
+# test runners' wall-clock durations: unittest "Ran 3 tests in 0.012s", pytest "... passed in 0.12s ..."
+_UNITTEST_TIME = re.compile(r"^(Ran \d+ tests?) in \d+(?:\.\d+)?s$", re.MULTILINE)
+_PYTEST_TIME = re.compile(r"^(=+ .*\b(?:passed|failed|error|errors|skipped|deselected|no tests ran)\b.*) "
+                          r"in \d+(?:\.\d+)?s(?: \([0-9:]+\))?( =+)$", re.MULTILINE)
+
+
+def without_durations(text: str) -> str:
+    """`text` with the test runners' wall-clock durations replaced by 0 ("Ran 3 tests in 0.000s",
+    "=== 1 failed in 0.00s ==="): the one part of a command's output that differs between two
+    runs of the same episode, so the same seed feeds the policy the same tokens."""
+    text = _UNITTEST_TIME.sub(r"\1 in 0.000s", text)
+    return _PYTEST_TIME.sub(r"\1 in 0.00s\2", text)
 
 
 def format_command_result(r) -> str:
-    """Agent-facing text of a finished command: output, then a status line."""
-    out = r.output.rstrip("\n")
+    """Agent-facing text of a finished command: output (test-runner durations zeroed:
+    `without_durations`), then a status line."""
+    out = without_durations(r.output).rstrip("\n")
     notes = []
     if r.truncated:
         notes.append(f"output truncated: showed {len(r.output.encode())} of {r.output_bytes} bytes")
