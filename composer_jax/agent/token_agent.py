@@ -226,7 +226,10 @@ class TokenAgent:
                             "num_calls": num_calls, "num_invalid_calls": num_invalid,
                             "grader_ok": bool(grade.ok),
                             "p2p_failed": sorted(t for t in task.pass_to_pass
-                                                 if grade.results.get(t) != "pass")})
+                                                 if grade.results.get(t) != "pass"),
+                            "secret_passed": grade.secret_passed,
+                            "secret_total": grade.secret_total,
+                            "grade_detail": grade.detail[-300:], "grade_s": round(grade.seconds, 3)})
             return reward
         return self._guarded(task.task_id, group_id, rollout_id, body, resume)
 

@@ -87,6 +87,9 @@ def test_oracle_episode_gives_an_exact_rollout(setup, tmp_path):
         engine.stop()
     assert r.error is None, r.error
     assert r.info["resolved"] and r.info["stop_reason"] == "finish"
+    # what the grader saw is kept, so a verdict can be explained after the run
+    assert r.info["secret_passed"] == r.info["secret_total"] and r.info["grade_detail"] == ""
+    assert r.info["grade_s"] > 0
     assert r.total_reward > 0.5 and r.reward["resolved"] == 1.0
     assert (r.task_id, r.group_id, r.rollout_id) == ("t1", "grp-1", "r-1")
     assert len(r.segments) == 1 and r.segments[0].end_reason == END_EPISODE
