@@ -13,7 +13,7 @@ _PYTEST_TIME = re.compile(r"^(=+ .*\b(?:passed|failed|error|errors|skipped|desel
 
 def without_durations(text: str) -> str:
     """`text` with the test runners' wall-clock durations replaced by 0 ("Ran 3 tests in 0.000s",
-    "=== 1 failed in 0.00s ==="): the one part of a command's output that differs between two
+    "=== 1 failed in 0.00s ==="): the part of a command's output seen to differ between two
     runs of the same episode, so the same seed feeds the policy the same tokens."""
     text = _UNITTEST_TIME.sub(r"\1 in 0.000s", text)
     return _PYTEST_TIME.sub(r"\1 in 0.00s\2", text)
