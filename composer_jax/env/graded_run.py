@@ -36,6 +36,7 @@ HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
 OUTPUT_BYTES = 32 << 20
 GRACE_S = 0.1     # a graded run may take GRACE_S + FACTOR x the reference's time
 FACTOR = 3.0      # and write GRACE_BYTES + FACTOR x what the reference wrote
+OVERLOADED = 3.0  # runnable threads per CPU from which an overrun is retried (`run_with_one_retry`)
 GRACE_BYTES = 64 << 10
 # What the graded process imports before any test: its own modules and those of `python -m`.
 HARNESS_IMPORTS = ("runpy", "unittest", "unittest.main", "json", "ast", "importlib.machinery",
@@ -199,13 +200,45 @@ def slowdown() -> float:
         return 1.0
 
 
-def budget_s(reference_seconds: float, cap_s: float) -> float:
+def runnable_now() -> int:
+    """Threads runnable on the machine at this instant (/proc/loadavg's 4th field; 0 where there is
+    none)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def budget_slowdown() -> float:
+    """The slowdown a retried graded run's time limit is scaled by (`run_with_one_retry`): the
+    larger of `slowdown` (the 1-minute load, which lags a burst by tens of seconds) and the
+    threads runnable right now per CPU."""
+    return max(slowdown(), runnable_now() / (os.cpu_count() or 1))
+
+
+def budget_s(reference_seconds: float, cap_s: float, slow: float | None = None) -> float:
     """A graded run's time limit: GRACE_S + FACTOR x the reference's time (stored as on an idle
-    machine, scaled by the current `slowdown`), at most `cap_s`. A correct fix much slower than
-    the reference fails; an endless loop costs little more than an honest grading."""
+    machine, scaled by `slow`, default the current `slowdown`), at most `cap_s`. A correct fix
+    much slower than the reference fails; an endless loop costs little more than an honest
+    grading."""
     if not reference_seconds:
         return cap_s
-    return min(cap_s, GRACE_S + FACTOR * reference_seconds * slowdown())
+    return min(cap_s, GRACE_S + FACTOR * reference_seconds * (slowdown() if slow is None else slow))
+
+
+def run_with_one_retry(run_once, reference_seconds: float, cap_s: float):
+    """run_once(budget_s(reference_seconds, cap_s)) -> a result with `timed_out`. A burst of load
+    (a rollout group graded at once beside training threads) can stretch an honest run past its
+    budget before the 1-minute load notices; so when a run overran while the machine is
+    overloaded right now (runnable threads per CPU >= OVERLOADED just after the overrun; the
+    1-minute load is not asked, it stays high long after a burst), it runs once more with twice
+    a budget scaled by `budget_slowdown` (at most `cap_s`). On a machine that is not overloaded
+    an endless loop still costs one budget; on an overloaded one, that and the retry's."""
+    result = run_once(budget_s(reference_seconds, cap_s))
+    if result.timed_out and runnable_now() / (os.cpu_count() or 1) >= OVERLOADED:
+        result = run_once(min(cap_s, 2 * budget_s(reference_seconds, cap_s, budget_slowdown())))
+    return result
 
 
 def budget_bytes(reference_bytes: int, cap: int = OUTPUT_BYTES) -> int:

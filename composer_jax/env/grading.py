@@ -25,8 +25,8 @@ import pathlib
 import time
 
 from composer_jax.env.bounded import EvaluationOverrun, judge_output
-from composer_jax.env.graded_run import (Reference, budget_bytes, budget_s, reference,
-                                         run_files)
+from composer_jax.env.graded_run import (Reference, budget_bytes, reference, run_files,
+                                         run_with_one_retry)
 from composer_jax.env.secret import check as check_secret_cases
 from composer_jax.env.tamper import (BudgetExceeded, Budget, Changes, Rules, collect_changes,
                                      stdlib_module_names)
@@ -97,8 +97,9 @@ def grade_workspace(ws, task: Task, snapshot_dir: pathlib.Path, *,
         return _failed(task, changes, "the reference run did not finish: nothing to verify",
                        start)
     files = {**grading_test_files(task, task_dir), **changes.applied}
-    run = run_files(ws, task, snapshot_dir, files, budget_s(ref.seconds, cap),
-                    budget_bytes(ref.output_bytes))
+    out_bytes = budget_bytes(ref.output_bytes)
+    run = run_with_one_retry(lambda b: run_files(ws, task, snapshot_dir, files, b, out_bytes),
+                             ref.seconds, cap)
     try:
         judged = judge_output(run.output, run.nonce, ref.summary, task.test_ids)
     except EvaluationOverrun as exc:

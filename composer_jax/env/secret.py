@@ -35,11 +35,12 @@ import shutil
 import tempfile
 import threading
 import time
+import types
 
 from composer_jax.env.bounded import EvaluationOverrun, compare_outputs
 from composer_jax.env.config import SandboxBackend
 from composer_jax.env.graded_run import (budget_bytes, budget_s, copy_tree, module_name,
-                                         slowdown)
+                                         run_with_one_retry, slowdown)
 from composer_jax.env.sandbox import allocate_uid
 from composer_jax.env.secret_child import opaque
 from composer_jax.env.tasks.pool import atomic_write_text
@@ -388,11 +389,16 @@ def check(ws, task: Task, task_dir: pathlib.Path, files: dict, timeout_s: float)
     if not cases:
         return SecretResult(0, 0)
     nonce = secrets.token_hex(16)
-    out, timed_out = run_child(ws, task, pathlib.Path(task_dir) / "snapshot", files,
-                               {"op": "run", "nonce": nonce, "cases": _inputs(cases),
-                                "call_seconds": CALL_SECONDS},
-                               budget_s(data.get("seconds", 0.0), timeout_s),
-                               budget_bytes(data.get("output_bytes", 0)))
+    request = {"op": "run", "nonce": nonce, "cases": _inputs(cases), "call_seconds": CALL_SECONDS}
+    out_bytes = budget_bytes(data.get("output_bytes", 0))
+
+    def once(budget):
+        out, timed_out = run_child(ws, task, pathlib.Path(task_dir) / "snapshot", files, request,
+                                   budget, out_bytes)
+        return types.SimpleNamespace(out=out, timed_out=timed_out)
+
+    run = run_with_one_retry(once, data.get("seconds", 0.0), timeout_s)
+    out, timed_out = run.out, run.timed_out
     try:
         res = compare_outputs(out, nonce, [c["out"] for c in cases])
     except EvaluationOverrun as exc:

@@ -258,7 +258,10 @@ def honest_seconds(case_pool):
 
 @pytest.mark.parametrize("what", sorted(_PARENT_WORK))
 def test_parent_work_the_child_controls_stays_within_3x_an_honest_grading(case_pool, what,
-                                                                          honest_seconds):
+                                                                          honest_seconds,
+                                                                          monkeypatch):
+    from composer_jax.env import graded_run
+    monkeypatch.setattr(graded_run, "runnable_now", lambda: 1)    # not overloaded: no retry
     task, _, _ = case_task(case_pool)
     payload = _EMIT_OBS.replace("BODY", _PARENT_WORK[what]).replace(
         "IDS", repr(list(task.test_ids)))
@@ -268,7 +271,12 @@ def test_parent_work_the_child_controls_stays_within_3x_an_honest_grading(case_p
                                                          ep.grade.detail)
 
 
-def test_an_endless_loop_fails_within_3x_an_honest_grading(case_pool, honest_seconds):
+def test_an_endless_loop_fails_within_3x_an_honest_grading(case_pool, honest_seconds,
+                                                           monkeypatch):
+    """On a machine that is not overloaded (pinned here: the other CI worker may overload this
+    one, and then an overrun is retried once, `run_with_one_retry`)."""
+    from composer_jax.env import graded_run
+    monkeypatch.setattr(graded_run, "runnable_now", lambda: 1)
     _, ep = _graded(case_pool, "\n_f0 = fnmatch\ndef fnmatch(n, p):\n    while True:\n"
                                "        pass\n")
     assert not ep.grade.resolved
@@ -397,3 +405,78 @@ def test_new_modules_named_like_another_platforms_stdlib_are_not_applied(name):
                          tamper.stdlib_module_names("/nonexistent"))
     assert "shadow" in tamper.new_module_allowed(name, rules, frozenset({"m.py", "test_m.py"}))
     assert tamper.new_module_allowed("m_helpers.py", rules, frozenset({"m.py"})) == ""
+
+
+# -- honest code under a burst of load -------------------------------------------------------------
+def test_a_retried_run_budget_follows_the_threads_runnable_now(monkeypatch):
+    """The 1-minute load lags a burst by tens of seconds; a retry's budget also scales with the
+    threads runnable at this instant."""
+    from composer_jax.env import graded_run as gr
+    monkeypatch.setattr(gr.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(gr, "slowdown", lambda: 1.0)
+    monkeypatch.setattr(gr, "runnable_now", lambda: 1)
+    assert gr.budget_slowdown() == 1.0
+    assert gr.budget_s(0.05, 60.0) == pytest.approx(gr.GRACE_S + gr.FACTOR * 0.05)
+    monkeypatch.setattr(gr, "runnable_now", lambda: 20)
+    assert gr.budget_slowdown() == 10.0
+    assert gr.budget_s(0.05, 60.0, gr.budget_slowdown()) == pytest.approx(
+        gr.GRACE_S + gr.FACTOR * 0.05 * 10)
+    assert gr.budget_s(5.0, 6.0, 10.0) == 6.0                       # never above the cap
+    monkeypatch.undo()
+    assert gr.runnable_now() >= 1                                   # this thread, at least
+
+
+def test_an_overrun_is_retried_once_with_twice_the_budget_only_on_an_overloaded_machine(
+        monkeypatch):
+    import types
+    from composer_jax.env import graded_run as gr
+    monkeypatch.setattr(gr.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(gr, "slowdown", lambda: 1.0)
+    budgets = []
+
+    def endless(budget):
+        budgets.append(budget)
+        return types.SimpleNamespace(timed_out=True)
+
+    one = gr.GRACE_S + gr.FACTOR * 0.05
+    monkeypatch.setattr(gr, "runnable_now", lambda: 4)            # busy, not overloaded
+    assert gr.run_with_one_retry(endless, 0.05, 60.0).timed_out and budgets == [pytest.approx(one)]
+    budgets.clear()
+    monkeypatch.setattr(gr, "runnable_now", lambda: 8)            # 4 per CPU: overloaded
+    assert gr.run_with_one_retry(endless, 0.05, 60.0).timed_out
+    assert budgets == [pytest.approx(one), pytest.approx(2 * (gr.GRACE_S + gr.FACTOR * 0.05 * 4))]
+    budgets.clear()
+    assert gr.run_with_one_retry(endless, 5.0, 6.0).timed_out and budgets == [6.0, 6.0]  # the cap
+    budgets.clear()
+    fits = lambda b: budgets.append(b) or types.SimpleNamespace(timed_out=False)  # noqa: E731
+    assert not gr.run_with_one_retry(fits, 0.05, 60.0).timed_out and len(budgets) == 1
+
+
+@pytest.mark.slow
+def test_honest_fixes_graded_together_during_a_burst_all_resolve(case_pool):
+    """16 episodes of one task graded at once beside 4 CPU-bound processes (a rollout group of an
+    RL job next to training threads): each reference fix resolves. With the budget scaled by the
+    1-minute load alone and no retry, 2-3 of 16 test runs timed out here (slow: it loads the
+    machine for seconds, which would disturb the timing checks running beside it in CI)."""
+    import subprocess
+    import sys
+    import threading
+    task, d, cfg = case_task(case_pool)
+    rel = task.edit_files[0]
+    fixed = (d / "solution" / rel).read_text()
+    grades = []
+
+    def one():
+        ep = play_task(task, d, cfg, [("write_file", {"file_path": rel, "contents": fixed})])
+        grades.append(ep.grade)
+
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    try:
+        threads = [threading.Thread(target=one) for _ in range(16)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    finally:
+        for b in burners:
+            b.kill()
+    failed = [(g.ok, g.detail[-120:]) for g in grades if not g.resolved]
+    assert len(grades) == 16 and not failed, failed
