@@ -39,7 +39,7 @@ import types
 
 from composer_jax.env.bounded import EvaluationOverrun, compare_outputs
 from composer_jax.env.config import SandboxBackend
-from composer_jax.env.graded_run import (budget_bytes, budget_s, copy_tree, module_name,
+from composer_jax.env.graded_run import (budget_bytes, copy_tree, module_name,
                                          run_with_one_retry, slowdown)
 from composer_jax.env.sandbox import allocate_uid
 from composer_jax.env.secret_child import opaque
@@ -388,17 +388,17 @@ def check(ws, task: Task, task_dir: pathlib.Path, files: dict, timeout_s: float)
     cases = data.get("cases", [])
     if not cases:
         return SecretResult(0, 0)
-    nonce = secrets.token_hex(16)
-    request = {"op": "run", "nonce": nonce, "cases": _inputs(cases), "call_seconds": CALL_SECONDS}
-    out_bytes = budget_bytes(data.get("output_bytes", 0))
+    inputs, out_bytes = _inputs(cases), budget_bytes(data.get("output_bytes", 0))
 
-    def once(budget):
-        out, timed_out = run_child(ws, task, pathlib.Path(task_dir) / "snapshot", files, request,
-                                   budget, out_bytes)
-        return types.SimpleNamespace(out=out, timed_out=timed_out)
+    def once(budget):     # each attempt its own nonce
+        nonce = secrets.token_hex(16)
+        out, timed_out = run_child(ws, task, pathlib.Path(task_dir) / "snapshot", files,
+                                   {"op": "run", "nonce": nonce, "cases": inputs,
+                                    "call_seconds": CALL_SECONDS}, budget, out_bytes)
+        return types.SimpleNamespace(out=out, nonce=nonce, timed_out=timed_out)
 
     run = run_with_one_retry(once, data.get("seconds", 0.0), timeout_s)
-    out, timed_out = run.out, run.timed_out
+    out, nonce, timed_out = run.out, run.nonce, run.timed_out
     try:
         res = compare_outputs(out, nonce, [c["out"] for c in cases])
     except EvaluationOverrun as exc:
