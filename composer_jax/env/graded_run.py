@@ -210,11 +210,16 @@ def runnable_now() -> int:
         return 0
 
 
+def runnable_per_cpu() -> float:
+    """`runnable_now` per CPU: how overloaded the machine is at this instant."""
+    return runnable_now() / (os.cpu_count() or 1)
+
+
 def budget_slowdown() -> float:
     """The slowdown a retried graded run's time limit is scaled by (`run_with_one_retry`): the
-    larger of `slowdown` (the 1-minute load, which lags a burst by tens of seconds) and the
-    threads runnable right now per CPU."""
-    return max(slowdown(), runnable_now() / (os.cpu_count() or 1))
+    larger of `slowdown` (the 1-minute load, which lags a burst by tens of seconds) and
+    `runnable_per_cpu`."""
+    return max(slowdown(), runnable_per_cpu())
 
 
 def budget_s(reference_seconds: float, cap_s: float, slow: float | None = None) -> float:
@@ -236,7 +241,7 @@ def run_with_one_retry(run_once, reference_seconds: float, cap_s: float):
     a budget scaled by `budget_slowdown` (at most `cap_s`). On a machine that is not overloaded
     an endless loop still costs one budget; on an overloaded one, that and the retry's."""
     result = run_once(budget_s(reference_seconds, cap_s))
-    if result.timed_out and runnable_now() / (os.cpu_count() or 1) >= OVERLOADED:
+    if result.timed_out and runnable_per_cpu() >= OVERLOADED:
         result = run_once(min(cap_s, 2 * budget_s(reference_seconds, cap_s, budget_slowdown())))
     return result
 

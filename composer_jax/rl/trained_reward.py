@@ -22,6 +22,7 @@ import numpy as np
 
 from composer_jax.agent.rollout import Rollout
 from composer_jax.config.rl import BehaviourReward
+from composer_jax.rl.batch_metrics import resolved_of
 
 # sign of each behaviour term in the total (`env.rewards.compute_reward`)
 BEHAVIOUR_SIGNS = {"valid_calls": 1.0, "communication": 1.0, "invalid_calls": -1.0, "length": -1.0}
@@ -31,10 +32,6 @@ def behaviour_part(reward: dict) -> float:
     """valid_calls + communication - invalid_calls - length of a reward breakdown (a term the
     breakdown lacks counts 0)."""
     return float(sum(sign * reward.get(term, 0.0) for term, sign in BEHAVIOUR_SIGNS.items()))
-
-
-def _resolved(rollout: Rollout) -> bool:
-    return rollout.error is None and float(rollout.reward.get("resolved", 0.0)) > 0
 
 
 def trained_rewards(rollouts: Sequence[Rollout],
@@ -50,7 +47,7 @@ def trained_rewards(rollouts: Sequence[Rollout],
         return totals
     solved: dict[str, bool] = defaultdict(bool)
     for r in rollouts:
-        solved[r.group_id] |= _resolved(r)
+        solved[r.group_id] |= r.error is None and resolved_of(r) > 0
     for i, r in enumerate(rollouts):
         if not solved[r.group_id] and r.error is None:
             totals[i] -= behaviour_part(r.reward)
