@@ -27,7 +27,7 @@ import threading
 
 from composer_jax.env.bounded import EvaluationOverrun, summarise_outputs
 from composer_jax.env.config import SandboxBackend
-from composer_jax.env.sandbox import allocate_uid
+from composer_jax.env.sandbox import allocate_uid, reap_uid
 from composer_jax.env.tasks.task import Task, grading_test_files
 from composer_jax.env.verdict import SUMMARY_VERSION, read_records
 from composer_jax.env.workspace import scratch_parent
@@ -135,6 +135,7 @@ def run_tree(ws, task: Task, tree: pathlib.Path, uid, scratch: pathlib.Path,
                         max_output_bytes=max_output_bytes, stdin_data=(req + "\n").encode())
     finally:
         sandbox.close()
+        reap_uid(uid)  # its processes are gone before anyone judges the machine's load
     return GradedRun(r.output, nonce, r.timed_out, r.duration_s)
 
 

@@ -160,6 +160,29 @@ def allocate_uid() -> int | None:
     return 200000 + secrets.randbelow(1_000_000)
 
 
+def reap_uid(uid: int | None, wait_s: float = 5.0) -> bool:
+    """SIGKILLs every process `uid` owns on this host and waits (at most `wait_s`) until it owns
+    none; True when none is left (always for None). For a uid that owns one run only (a graded
+    run's): a SIGKILL lands asynchronously, through a pid namespace's teardown, and until it does
+    the run's processes still use CPU and count as runnable, so whatever is judged next about the
+    machine's load would include them."""
+    if uid is None:
+        return True
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            alive = subprocess.run(["pkill", "-KILL", "-U", str(uid)], check=False,
+                                   stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL).returncode == 0
+        except OSError:
+            return False
+        if not alive:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+
+
 def uid_can_run(uid: int, py: PythonInstall) -> bool:
     """True if `uid` (no groups, no capabilities) can start `py` with its own stdlib. (An
     interpreter whose prefix the uid cannot read may still start, with another

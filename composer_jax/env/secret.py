@@ -41,7 +41,7 @@ from composer_jax.env.bounded import EvaluationOverrun, compare_outputs
 from composer_jax.env.config import SandboxBackend
 from composer_jax.env.graded_run import (budget_bytes, copy_tree, module_name,
                                          run_with_one_retry, slowdown)
-from composer_jax.env.sandbox import allocate_uid
+from composer_jax.env.sandbox import allocate_uid, reap_uid
 from composer_jax.env.secret_child import opaque
 from composer_jax.env.tasks.pool import atomic_write_text
 from composer_jax.env.tasks.task import Task, grading_test_files
@@ -247,6 +247,7 @@ def run_child(ws, task: Task, snapshot: pathlib.Path, files: dict, request: dict
                             stdin_data=(json.dumps({**request, "fresh": fresh}) + "\n").encode())
         finally:
             sandbox.close()
+            reap_uid(uid)
         return r.output, r.timed_out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

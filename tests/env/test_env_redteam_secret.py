@@ -283,6 +283,25 @@ def test_an_endless_loop_fails_within_3x_an_honest_grading(case_pool, honest_sec
     assert ep.grade.seconds <= 3 * honest_seconds + 0.5, (ep.grade.seconds, honest_seconds)
 
 
+def test_graded_code_cannot_buy_a_retry_with_its_own_load(case_pool, monkeypatch):
+    """The retry on an overloaded machine (`run_with_one_retry`) asks how many threads are
+    runnable only after the overrun's sandbox is gone, so graded code that starts busy processes
+    and then never finishes is not counted: the reading the grader acts on holds none of its
+    SPINNERS, and the edit stays unresolved."""
+    from composer_jax.env import graded_run
+    real, seen = graded_run.runnable_now, []
+    monkeypatch.setattr(graded_run, "runnable_now", lambda: seen.append(real()) or seen[-1])
+    spinners = 16
+    _, ep = _graded(case_pool, "\n_o = __import__('o' + 's')\n"
+                               f"for _i in range({spinners}):\n"
+                               "    if _o.fork() == 0:\n        while True:\n            pass\n"
+                               "_f0 = fnmatch\ndef fnmatch(n, p):\n    while True:\n"
+                               "        pass\n")
+    assert not ep.grade.resolved
+    assert seen, "the overrun was not judged"
+    assert max(seen) < spinners, (seen, ep.grade.detail)
+
+
 # -- later attempts ------------------------------------------------------------------------------
 def _secret_inputs(d) -> set:
     """repr((args, sorted kwargs)) of the task's unseen secret cases the unfixed code fails."""
