@@ -36,7 +36,7 @@ HARNESS = pathlib.Path(__file__).resolve().parent / "graded_unittest.py"
 OUTPUT_BYTES = 32 << 20
 GRACE_S = 0.1     # a graded run may take GRACE_S + FACTOR x the reference's time
 FACTOR = 3.0      # and write GRACE_BYTES + FACTOR x what the reference wrote
-OVERLOADED = 3.0  # runnable threads per CPU from which an overrun is retried (`run_with_one_retry`)
+OVERLOADED = 1.0  # runnable threads per CPU above which an overrun is retried (`run_with_one_retry`)
 GRACE_BYTES = 64 << 10
 # What the graded process imports before any test: its own modules and those of `python -m`.
 HARNESS_IMPORTS = ("runpy", "unittest", "unittest.main", "json", "ast", "importlib.machinery",
@@ -237,12 +237,14 @@ def run_with_one_retry(run_once, reference_seconds: float, cap_s: float):
     """run_once(budget_s(reference_seconds, cap_s)) -> a result with `timed_out`. A burst of load
     (a rollout group graded at once beside training threads) can stretch an honest run past its
     budget before the 1-minute load notices; so when a run overran while the machine is
-    overloaded right now (runnable threads per CPU >= OVERLOADED just after the overrun; the
-    1-minute load is not asked, it stays high long after a burst), it runs once more with twice
-    a budget scaled by `budget_slowdown` (at most `cap_s`). On a machine that is not overloaded
-    an endless loop still costs one budget; on an overloaded one, that and the retry's."""
+    overloaded right now (more runnable threads than CPUs just after the overrun, the caller
+    standing in for the finished run: runnable threads per CPU > OVERLOADED; the 1-minute load
+    is not asked, it stays high long after a burst), it runs once more with twice a budget
+    scaled by `budget_slowdown` (at most `cap_s`). The run's own processes are gone by then
+    (`sandbox.reap_uid`), so it cannot cause its retry. Where a CPU was free an endless loop
+    still costs one budget; on an overloaded machine, that and the retry's."""
     result = run_once(budget_s(reference_seconds, cap_s))
-    if result.timed_out and runnable_per_cpu() >= OVERLOADED:
+    if result.timed_out and runnable_per_cpu() > OVERLOADED:
         result = run_once(min(cap_s, 2 * budget_s(reference_seconds, cap_s, budget_slowdown())))
     return result
 

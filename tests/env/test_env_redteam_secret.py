@@ -449,6 +449,8 @@ def test_a_retried_run_budget_follows_the_threads_runnable_now(monkeypatch):
 
 def test_an_overrun_is_retried_once_with_twice_the_budget_only_on_an_overloaded_machine(
         monkeypatch):
+    """Overloaded: more threads runnable just after the overrun (the grader's own among them,
+    standing in for the finished run) than CPUs."""
     import types
     from composer_jax.env import graded_run as gr
     monkeypatch.setattr(gr.os, "cpu_count", lambda: 2)
@@ -460,8 +462,12 @@ def test_an_overrun_is_retried_once_with_twice_the_budget_only_on_an_overloaded_
         return types.SimpleNamespace(timed_out=True)
 
     one = gr.GRACE_S + gr.FACTOR * 0.05
-    monkeypatch.setattr(gr, "runnable_now", lambda: 4)            # busy, not overloaded
+    monkeypatch.setattr(gr, "runnable_now", lambda: 2)            # a CPU each: not overloaded
     assert gr.run_with_one_retry(endless, 0.05, 60.0).timed_out and budgets == [pytest.approx(one)]
+    budgets.clear()
+    monkeypatch.setattr(gr, "runnable_now", lambda: 3)            # one more: overloaded
+    assert gr.run_with_one_retry(endless, 0.05, 60.0).timed_out
+    assert budgets == [pytest.approx(one), pytest.approx(2 * (gr.GRACE_S + gr.FACTOR * 0.05 * 1.5))]
     budgets.clear()
     monkeypatch.setattr(gr, "runnable_now", lambda: 8)            # 4 per CPU: overloaded
     assert gr.run_with_one_retry(endless, 0.05, 60.0).timed_out
