@@ -289,7 +289,7 @@ def test_graded_code_cannot_buy_a_retry_with_its_own_load(case_pool, monkeypatch
     """The retry on an overloaded machine (`run_with_one_retry`) asks how many threads are
     runnable only after the overrun's sandbox is gone, so graded code that starts busy processes
     and then never finishes is not counted: the reading the grader acts on holds none of its
-    SPINNERS, and the edit stays unresolved."""
+    spinners, and the edit stays unresolved."""
     from composer_jax.env import graded_run
     real, seen = graded_run.runnable_now, []
     monkeypatch.setattr(graded_run, "runnable_now", lambda: seen.append(real()) or seen[-1])
