@@ -374,10 +374,9 @@ class Sandbox:
             kill_group(proc)
             proc.wait()
         self._jobs.clear()
-        if self.backend != SandboxBackend.BWRAP and self.uid is not None:
+        if self.backend != SandboxBackend.BWRAP:
             # The dedicated uid owns nothing else on the host: kill whatever it left behind.
-            subprocess.run(["pkill", "-KILL", "-U", str(self.uid)], check=False,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            reap_uid(self.uid, wait_s=0.0)
         if self._home.exists():
             shutil.rmtree(self._home, ignore_errors=True)
 
