@@ -95,6 +95,10 @@ class DataConfig:
     `sft_hasty`: the fraction of a ladder pool's training tasks (chosen by a hash of the task id) that
     get, besides their careful oracle demonstration, a hasty one (run the failing test, then finish
     claiming a fix without editing: a planted habit for RL to remove, `data.sft_env.hasty_messages`);
+    `sft_recovery`: the fraction of ladder training tasks (another hash of the id) whose careful and
+    renamed whole demonstrations also come as a recovery (`data.sft_env.recovery_messages`): first the
+    edit call with the broken text copied into new_string too, its error (not trained), then the right
+    edit and the rest;
     `sft_renames`: that many extra copies of each careful ladder demonstration with its copied names
     and read line numbers replaced at random (`data.sft_rename`), so the samples cannot be imitated
     by recalling the training tasks, only by copying from the context. `sft_value_weight`: the loss
@@ -164,6 +168,8 @@ class DataConfig:
     sft_min_docstring_chars: int = 24
     sft_max_function_lines: int = 60
     sft_hasty: float = 0.0              # ladder pools: share of tasks with an extra hasty demonstration
+    sft_recovery: float = 0.0           # ladder pools: share of tasks whose demonstrations also come
+                                        # with a failed first edit they recover from
     sft_renames: int = 0                # ladder pools: renamed copies per careful demonstration
                                         # (`data.sft_rename`: imitating them needs copying)
     sft_value_weight: float = 1.0       # loss weight of argument values' first tokens (oracle samples)
@@ -253,6 +259,7 @@ _INT_MINIMUMS = {
 }
 _FRACTIONS = {"min_alnum_fraction": (True, False), "near_dup_threshold": (True, True),
               "validation_fraction": (False, False), "sft_hasty": (True, False),
+              "sft_recovery": (True, False),
               "copy_rows": (True, False)}
 
 

@@ -10,7 +10,8 @@ where each turn is `protocol.render_prompt([message])`. An assistant turn splits
 `<|im_assistant|>assistant<|im_middle|>` (given to the policy as the generation prompt, so not
 trained) and its body: content, the tool-call section, and the closing `<|im_end|>` (the model must
 learn to end its turn) -- the body is exactly what the policy generates, and it is the only trained
-text. System, user and tool-result turns, tool declarations and BOS are never trained.
+text. System, user and tool-result turns, tool declarations and BOS are never trained, nor is an
+assistant turn whose message says `"trained": False` (a demonstrated mistake the next turns recover from).
 
 Each piece is encoded on its own; pieces meet at special tokens, which the tokenizer matches
 atomically, so the ids equal those of encoding the whole text at once and the mask aligns exactly.
@@ -49,7 +50,7 @@ def render_messages(messages: Sequence[dict], tools: Sequence[dict] = ()) -> lis
             continue
         if not text.startswith(ASSISTANT_HEADER):
             raise ValueError(f"assistant turn does not start with the generation prompt {ASSISTANT_HEADER!r}")
-        pieces += [(ASSISTANT_HEADER, False), (text[len(ASSISTANT_HEADER):], True)]
+        pieces += [(ASSISTANT_HEADER, False), (text[len(ASSISTANT_HEADER):], bool(message.get("trained", True)))]
     rendered = "".join(text for text, _ in pieces[1:])
     if rendered != protocol.render_prompt(list(messages), list(tools), add_generation_prompt=False):
         raise ValueError("rendering turn by turn differs from protocol.render_prompt; the chat template "

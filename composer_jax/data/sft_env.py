@@ -13,6 +13,10 @@ and the final `finish` call, rendered and masked by `composer_jax.data.chat` (lo
 bodies only). Other episodes are skipped and counted. With `data.sft_hasty` > 0, that fraction of a ladder
 pool's training tasks (by a hash of the task id) also gives a hasty sample (`hasty_messages`: the
 first tool call and its result, then `finish` with nothing edited), the planted habit RL removes.
+With `data.sft_recovery` > 0, that fraction (another hash of the id) also gives each whole careful
+and renamed demonstration as a recovery (`recovery_messages`): the first edit call made with the
+broken text in new_string as well (the copy mistake a small policy makes most), the tool's error, then
+the careful edit and the rest; the mistaken turn is not trained, only the recovery after it.
 With `data.sft_renames` = K, each careful ladder demonstration also gives K renamed copies
 (`data.sft_rename.renamed_messages`: the names its calls copy and the line it reads replaced
 consistently by identifiers of the training tasks' sources, `replacement_names`), which can be
@@ -22,7 +26,7 @@ Samples are cached like the docstring ones (`<cache>/sft_env/<key>/`, one TokenS
 trainable mask whose code is `chat.VALUE_START` on each argument value's first token, which the
 pipeline weighs by `data.sft_value_weight`, plus `info.json` with the counts), keyed by the pool's manifest, the tokenizer, the
 tool declarations, the chat template, `sft_max_samples` (> 0: only the first that many training
-tasks), `sft_hasty` and `sft_renames` (when > 0), so the episodes run once per pool and
+tasks), `sft_hasty`, `sft_recovery` and `sft_renames` (when > 0), so the episodes run once per pool and
 tokenizer. The environment settings (sandbox, limits) shape only tool-output text and are not part
 of the key.
 """
@@ -49,6 +53,8 @@ from composer_jax.env.protocol import parse_assistant, render_assistant
 from composer_jax.env.tasks.ladder_plan import LADDER_KINDS, PLAN_VERSION, oracle_agent
 from composer_jax.env.tasks.pool import TaskPool
 from composer_jax.env.tools import declared_specs
+from composer_jax.env.tools.files import IDENTICAL_STRINGS
+from composer_jax.env.tools.result import error
 
 TRAIN_SPLIT = "train"
 EDIT_TOOLS = frozenset({"search_replace", "write_file"})   # the tools whose calls change a file's text
@@ -133,6 +139,44 @@ def hasty_messages(messages: list[dict]) -> list[dict] | None:
     turn = parse_assistant(render_assistant("", [("finish", HASTY_FINISH)], first_index=1), first_index=1)
     return [*messages[:first + 1], {"role": "assistant", "content": turn.content,
                                     "tool_calls": [c.to_json() for c in turn.tool_calls]}]
+
+
+def is_recovery(task_id: str, fraction: float) -> bool:
+    """Whether `task_id`'s demonstrations also come as recoveries (`sft_recovery`): a hash of the id
+    (salted, so the tasks picked are not the hasty ones) below the fraction."""
+    return is_hasty(f"{task_id}/recovery", fraction)
+
+
+def recovery_messages(messages: list[dict]) -> list[dict] | None:
+    """A careful conversation with a failed edit before its first `search_replace` turn: the same call
+    with new_string = old_string (the broken text copied twice), not trained (`"trained": False`),
+    and the tool's error for it; the later calls' ids move up by one. None when no turn edits."""
+    k = next((i for i, m in enumerate(messages) if m["role"] == "assistant"
+              and any(c["name"] == "search_replace" for c in m.get("tool_calls") or ())), None)
+    if k is None:
+        return None
+    call = next(c for c in messages[k]["tool_calls"] if c["name"] == "search_replace")
+    first = int(call["call_id"].rsplit(":", 1)[1])
+    same = {**call["arguments"], "new_string": call["arguments"]["old_string"]}
+    mistake = {"role": "assistant", "content": messages[k].get("content", ""), "trained": False,
+               "tool_calls": [{**call, "arguments": same, "raw": "", "error": None}]}
+    answer = {"role": "tool", "tool_call_id": call["call_id"], "content": error(IDENTICAL_STRINGS).output}
+    return [*messages[:k], mistake, answer, *(_ids_moved_up(m, first) for m in messages[k:])]
+
+
+def _ids_moved_up(message: dict, first: int) -> dict:
+    """`message` with every tool-call id `functions.NAME:i`, i >= first, renumbered i + 1."""
+    def moved(cid: str) -> str:
+        name, i = cid.rsplit(":", 1)
+        return f"{name}:{int(i) + 1}" if int(i) >= first else cid
+    if message.get("raw") is not None:
+        raise ValueError("recovery_messages renumbers parsed tool calls; an assistant message with its raw text "
+                         "would keep the old ids")
+    if message["role"] == "tool":
+        return {**message, "tool_call_id": moved(message["tool_call_id"])}
+    if message.get("tool_calls"):
+        return {**message, "tool_calls": [{**c, "call_id": moved(c["call_id"])} for c in message["tool_calls"]]}
+    return dict(message)
 
 
 def turn_windows(messages: list[dict], edits_only: bool = False, context: int = 0) -> list[list[dict]]:
@@ -236,6 +280,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                        "tools": tools, "template": chat.template_fingerprint(),
                        "max_samples": cfg.sft_max_samples, "v": 2, "plan": PLAN_VERSION,
                        **({"hasty": cfg.sft_hasty} if cfg.sft_hasty else {}),
+                       **({"recovery": cfg.sft_recovery} if cfg.sft_recovery else {}),
                        **({"renames": cfg.sft_renames, "rename_v": 2} if cfg.sft_renames else {}),
                        **_windows_key(cfg.sft_turn_windows),
                        **({"window_renames": window_renames} if window_renames != cfg.sft_renames else {}),
@@ -249,7 +294,7 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                             "episode_loop=composer_jax.agent.episode.run_episode")
         counts = {"tasks": 0, "samples": 0, "skipped": 0, "sample_tokens": 0, "trained_tokens": 0,
                   "value_start_tokens": 0, "hasty": 0, "windows": 0,
-                  "renamed": 0}
+                  "renamed": 0, "recovery": 0}
         skipped: list[str] = []
         names = replacement_names(cfg.sft_pool) if max(cfg.sft_renames, window_renames) else []
 
@@ -272,13 +317,21 @@ def build_or_load_env_sft(cfg: DataConfig, tokenizer, env_cfg=None, episode_loop
                     if hasty is not None:
                         counts["hasty"] += 1
                         samples.append(chat.encode_messages(tokenizer, hasty, tools, mark_values=True))
+                recover = ladder and not windows_only and is_recovery(task.task_id, cfg.sft_recovery)
+                whole = [careful]
                 if ladder:
                     for k in range(max(cfg.sft_renames, window_renames)):
                         renamed = renamed_messages(careful, names, random.Random(f"{task.task_id}/rename/{k}"))
                         counts["renamed"] += 1
                         conversations.append(renamed)
                         if k < cfg.sft_renames and not windows_only:
+                            whole.append(renamed)
                             samples.append(chat.encode_messages(tokenizer, renamed, tools, mark_values=True))
+                for recovery in (recovery_messages(m) for m in (whole if recover else ())):
+                    if recovery is not None:
+                        counts["recovery"] += 1
+                        samples.append(chat.encode_messages(tokenizer, recovery, tools, mark_values=True))
+                if ladder:
                     for window in window_samples(conversations[:1 + window_renames], cfg.sft_turn_windows,
                                                   cfg.sft_window_context):
                         counts["windows"] += 1

@@ -17,7 +17,7 @@ from composer_jax.data.errors import DataError
 from composer_jax.data.loaders import make_sft_iterator
 from composer_jax.data.sft import build_or_load_sft, resolve_source
 from composer_jax.env import protocol
-from composer_jax.env.tools import TOOL_SPECS
+from composer_jax.env.tools import TOOL_SPECS, dispatch
 
 GOOD = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
 BAD = GOOD.replace("return a + b", "return a - b")
@@ -224,6 +224,39 @@ def test_hasty_demonstration_runs_once_then_finishes_without_an_edit(small_data)
     assert picked == [sft_env.is_hasty(f"level1-task-{i}", 0.3) for i in range(2000)]
     assert not any(sft_env.is_hasty(f"level1-task-{i}", 0.0) for i in range(200))
     assert all(sft_env.is_hasty(f"level1-task-{i}", 1.0) for i in range(200))
+
+
+def test_recovery_demonstration_trains_the_edit_after_a_failed_one_and_not_the_failure(small_data, tmp_path):
+    _, _, tok = small_data
+    careful = _transcript()
+    recovery = sft_env.recovery_messages(careful)
+    mistake, answer = recovery[2], recovery[3]
+    assert recovery[:2] == careful[:2] and len(recovery) == len(careful) + 2
+    (bad,) = mistake["tool_calls"]
+    args = careful[2]["tool_calls"][0]["arguments"]
+    assert bad["name"] == "search_replace" and bad["arguments"] == {**args, "new_string": args["old_string"]}
+    # the error is the one the real tool gives for that call
+    (tmp_path / "mod.py").write_text(BAD)
+    real = dispatch(types.SimpleNamespace(root=tmp_path), "search_replace", bad["arguments"])
+    assert real.is_error and answer["content"] == real.output and (tmp_path / "mod.py").read_text() == BAD
+    # every later call moves up one id, its result with it; the conversation is otherwise the careful one
+    ids = [c["call_id"] for m in recovery if m["role"] == "assistant" for c in m["tool_calls"]]
+    assert ids == ["functions.search_replace:0", "functions.search_replace:1", "functions.run_terminal_cmd:2",
+                   "functions.finish:3"]
+    assert [m["tool_call_id"] for m in recovery if m["role"] == "tool"] == ids[:3]
+    def without_ids(messages):
+        return [{**m, "tool_call_id": "", "tool_calls": [{**c, "call_id": ""} for c in m.get("tool_calls", ())]}
+                for m in messages]
+    assert without_ids(recovery[4:]) == without_ids(careful[2:])
+    # trained: the right edit and every turn after it; the mistaken call never
+    ids_, trainable = chat.encode_messages(tok, recovery, TOOL_SPECS)
+    runs = [tok.decode(r) for r in _trained_runs(ids_, trainable)]
+    assert runs == _assistant_bodies([m for m in recovery if m.get("trained", True)])
+    assert len(runs) == 3 and '"new_string": "a + b' in runs[0]
+    assert sft_env.recovery_messages(careful[:2]) is None            # no edit: no variant
+    picked = [sft_env.is_recovery(f"level1-task-{i}", 0.5) for i in range(2000)]
+    hasty = [sft_env.is_hasty(f"level1-task-{i}", 0.5) for i in range(2000)]
+    assert 0.46 < sum(picked) / 2000 < 0.54 and 0.4 < np.mean(np.equal(picked, hasty)) < 0.6   # not the hasty ones
 
 
 # --- a tiny task pool: one fixable training task, one whose "reference" does not fix the bug, one

@@ -11,6 +11,8 @@ import pathlib
 from composer_jax.env.paths import PathError, display, resolve
 from composer_jax.env.tools.result import ToolResult, error
 
+IDENTICAL_STRINGS = "old_string and new_string are identical; nothing to change"  # search_replace's error
+
 MAX_FILE_BYTES = 4 << 20
 
 
@@ -98,7 +100,7 @@ def search_replace(ws, args: dict) -> ToolResult:
     if old == "":
         return error("old_string is empty; give the exact text to replace")
     if old == new:
-        return error("old_string and new_string are identical; nothing to change")
+        return error(IDENTICAL_STRINGS)
     text = _read_text(path)
     count = text.count(old)
     if count == 0:
