@@ -362,6 +362,27 @@ def _install_hook(modules, rec, rec_name):
     sys.meta_path.insert(0, Finder)
 
 
+def _rebind(stale):
+    """Edited modules the interpreter imported before this process was set up came from their
+    installed copies (the snapshot's, bound by the grader): each is imported again from the
+    working directory, and every loaded module holding the old one as a global gets the new one,
+    so the interpreter's own machinery (traceback formatting through textwrap and linecache, which
+    unittest's loader uses on every dotted test id) runs the code being graded, as it does in the
+    agent's own `python -m unittest` run. A module that fails to import is left to fail the tests
+    that import it."""
+    import importlib
+    for name, old in stale.items():
+        try:
+            new = importlib.import_module(name)
+        except BaseException:
+            continue
+        for module in list(sys.modules.values()):
+            d = getattr(module, "__dict__", None)
+            if type(d) is dict and module is not new:
+                for key in [k for k, v in list(d.items()) if v is old]:
+                    d[key] = new
+
+
 def main():
     import json
     import json.encoder
@@ -388,9 +409,11 @@ def main():
     cwd = os.getcwd()
     if sys.path[:1] != [cwd]:
         sys.path.insert(0, cwd)
+    stale = {}
     for m in req.get("edited", ()):  # imported before the tests: forget, so they get the workspace's
         if m in sys.modules and m.split(".")[0] not in KEEP:
-            del sys.modules[m]
+            stale[m] = sys.modules.pop(m)
+    _rebind(stale)
     marker = MARK + nonce + ":"
 
     def emit(body):

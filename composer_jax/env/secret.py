@@ -14,7 +14,9 @@ Built once per task by the trusted side (`build`, at generation or on first grad
      differed between runs, the function is not deterministic and agreeing runs of one of its
      values may be luck - `secrets.randbelow(2)` agrees twice half the time - so of its cases only
      those raising the same exception in every run are kept: `randbelow(-4)`'s ValueError) and the
-     unfixed snapshot once (`discriminating`: the cases it gets wrong).
+     unfixed snapshot once (`discriminating`: the cases it gets wrong); of the cases kept, only
+     those whose output does not depend on the cases run before them stay (`order_free`: `check`
+     runs fewer cases, in another order, than the runs that recorded the outputs).
 At grading (`check`), a fresh process in a fresh sandbox over the graded tree imports the agent's
 code, receives only the inputs and prints the outputs; the parent compares them in a bounded
 process (`bounded.compare_outputs`). Passing therefore needs correct outputs on inputs the agent
@@ -52,7 +54,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 CHILD = HERE / "secret_child.py"
 CANON = HERE / "graded_unittest.py"
 FILE = "secret_cases.json"
-VERSION = 7
+VERSION = 9
 MAX_HARVEST = 200
 MAX_CASES = 48
 CASE_BYTES = 4096
@@ -337,7 +339,7 @@ def _build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None) -> d
             keep.append({**c, "out": a, "seen": json.dumps(c, sort_keys=True) in seen,
                          "discriminating": u != a})
     keep.sort(key=lambda c: (not c["discriminating"], c["seen"]))  # unseen, telling cases first
-    data["cases"] = keep[:MAX_CASES]
+    data["cases"] = order_free(ws, task, snapshot, {**tests, **solution}, keep[:MAX_CASES], timeout_s)
     if varying:
         data["nondeterministic"] = sorted(list(t) for t in varying)
     if not data["cases"]:
@@ -345,6 +347,26 @@ def _build(ws, task: Task, task_dir: pathlib.Path, timeout_s: float | None) -> d
     data["seconds"] = seconds / slowdown()  # all candidates', as if idle: bounds the kept cases
     data["output_bytes"] = size
     return _save(path, data)
+
+
+def order_free(ws, task: Task, snapshot: pathlib.Path, files: dict, cases: list[dict], timeout_s: float,
+               rounds: int = 3) -> list[dict]:
+    """The `cases` whose reference output does not depend on which cases ran before them in the
+    process (`HtmlDiff.make_table` numbers its anchors by the tables made before it): each round runs
+    them on the reference as `check` will, in their stored order, and reversed, and drops every case
+    whose output differs from its recorded one in either run; it stops when a round drops nothing
+    (after `rounds` rounds that each dropped some, none is kept)."""
+    for _ in range(rounds):
+        if not cases:
+            return []
+        inputs = _inputs(cases)
+        forward = _outputs(ws, task, snapshot, files, inputs, timeout_s)[0]
+        backward = _outputs(ws, task, snapshot, files, inputs[::-1], timeout_s)[0][::-1]
+        same = [c for c, f, b in zip(cases, forward, backward) if f == c["out"] == b]
+        if len(same) == len(cases):
+            return cases
+        cases = same
+    return []
 
 
 def _inputs(cases: list[dict]) -> list[dict]:

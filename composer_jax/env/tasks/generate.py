@@ -44,6 +44,7 @@ from composer_jax.env.sandbox import resolve_backend
 from composer_jax.env.tasks import candidates as cands
 from composer_jax.env.tasks import holdback
 from composer_jax.env.tasks.pool import TaskPool, atomic_write_text
+from composer_jax.env.tasks.reference_check import reference_problem
 from composer_jax.env.tasks.sources import ModuleSource, discover, discover_packages
 from composer_jax.env.tasks.task import Task, unified_patch
 from composer_jax.env.tasks.validate import addressable, check_candidate, scratch
@@ -333,7 +334,9 @@ class Generator:
         return check_candidate(sx, c.test_names, c.before, c.after, c.after_passing, self.cfg,
                                max_fail_to_pass=cap)
 
-    def _accept(self, c: cands.Candidate, verdict) -> None:
+    def _accept(self, c: cands.Candidate, verdict) -> str | None:
+        """Adds the task; then drops it again, returning why, when the grader does not resolve its
+        reference fix (`reference_check`)."""
         edit = tuple(sorted(r for r in c.after if c.after[r] != c.before.get(r)))
         patch, changed = unified_patch({r: c.before[r] for r in edit}, {r: c.after[r] for r in edit})
         tests = {r: c.before[r] for r in c.test_files if r in c.before}
@@ -353,6 +356,10 @@ class Generator:
         self.pool.add(task, snapshot, {r: c.after[r] for r in edit},
                       grading_tests=tests if held else {})
         self._secret_cases(task)
+        why = reference_problem(task, self.pool.task_dir(task.task_id), self.cfg)
+        if why:
+            self.pool.remove(task.task_id)
+        return why
 
     def task_split(self, c: cands.Candidate) -> str:
         """The `split` recorded on an accepted candidate's task (the ladder splits by module)."""
@@ -376,8 +383,10 @@ class Generator:
         self.stats["candidates"] += 1
         added = (verdict.accepted and len(self.pool) < target
                  and self.per_module[key] < self.cfg.max_tasks_per_module)
+        why = self._accept(c, verdict) if added else None
+        if added and why:
+            added, verdict = False, dataclasses.replace(verdict, accepted=False, reason=why)
         if added:
-            self._accept(c, verdict)
             self.per_module[key] += 1
             if m is not None:
                 self.accepted_mutations[key].append(m)

@@ -92,6 +92,18 @@ class TaskPool:
             self._tasks[task.task_id] = task
         self.write_manifest()
 
+    def remove(self, task_id: str) -> None:
+        """Drops a task: its directory is renamed out of sight first (readers never see half of
+        it), then deleted, and the manifest rewritten."""
+        final = self.task_dir(task_id)
+        with self._lock:
+            self._tasks.pop(task_id, None)
+            if final.exists():
+                gone = pathlib.Path(tempfile.mkdtemp(dir=self.root / "tasks", prefix=".removed-"))
+                os.rename(final, gone / task_id)
+                shutil.rmtree(gone, ignore_errors=True)
+        self.write_manifest()
+
     def write_manifest(self) -> dict:
         tasks = self.tasks()
         manifest = {
