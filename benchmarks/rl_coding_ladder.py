@@ -293,7 +293,17 @@ def kind_lines(kind_of: dict[str, str], rs: list, samples: int) -> list[str]:
         every = sum(1 for v in by_task.values() if all(v))
         out.append(f"  tasks by their {samples} episodes: none resolved {none}, all {every}, "
                    f"mixed {len(by_task) - none - every} (of {len(by_task)})")
+        ks = [k for k in (1, 2, 4, 8, 16, 32) if k <= samples]
+        out.append("  pass@k (unbiased per task, mean over tasks): " + ", ".join(
+            f"k={k} {np.mean([pass_at_k(v, k) for v in by_task.values()]):.3f}" for k in ks))
     return out
+
+
+def pass_at_k(outcomes: list, k: int) -> float:
+    """The chance that k of a task's n episodes, drawn without replacement, resolve it at least once
+    (1 - C(n - c, k) / C(n, k), c resolved): what sharpening the policy on that task could reach."""
+    n, c = len(outcomes), int(sum(outcomes))
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def evaluate_policy(policy: str, run: str, split: str, greedy: bool, n: int, show: int = 0,
