@@ -389,3 +389,29 @@ def test_secret_cases_drop_every_case_of_a_function_whose_outputs_vary(tmp_path,
     assert rolls and all(c["out"][0] == "e" for c in rolls), rolls  # roll(1) agreed: dropped too
     assert {c["f"][1] for c in data["cases"]} == {"double", "roll"}
     assert all(c["discriminating"] for c in data["cases"])
+
+
+def test_tests_that_draw_their_data_draw_the_same_in_every_graded_run(tmp_path):
+    """A test drawing random sizes (test_heapq.test_merge: up to 2,500 tuples) had its values over
+    the canonical-value budget in some runs and not others, so a site both reference runs verified
+    was, in 1 of 12 gradings of the reference itself, not reached with verifiable values. The graded
+    process seeds `random` by test id: every run draws the same data."""
+    import subprocess
+    import sys as _sys
+    (tmp_path / "test_r.py").write_text(
+        "import random\nimport unittest\n\nSIZE = random.randrange(10 ** 6)\n\n\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_a(self):\n        self.assertIsNotNone([SIZE, random.random()])\n\n"
+        "    def test_b(self):\n        self.assertIsNotNone(random.randrange(10 ** 9))\n")
+
+    def observations():
+        req = json.dumps({"nonce": "n", "modules": ["test_r"], "edited": []})
+        out = subprocess.run([_sys.executable, gu.__file__, "test_r.T.test_a", "test_r.T.test_b"], input=req + "\n",
+                             capture_output=True, text=True, cwd=tmp_path, timeout=60).stdout
+        records = [json.loads(line.split(":", 1)[1]) for line in out.splitlines() if line.startswith("@@CJ_OBS@@n:")]
+        return {r["id"]: r["obs"] for r in records if "id" in r}
+
+    first, second = observations(), observations()
+    assert set(first) == {"test_r.T.test_a", "test_r.T.test_b"}
+    assert first == second
+    assert first["test_r.T.test_a"] != first["test_r.T.test_b"]
