@@ -5,8 +5,8 @@ secret case whose function forks, and an edit file the interpreter imports befor
 installed copy, the snapshot's, broke traceback formatting). A task the grader still cannot resolve
 is reported and removed.
 """
+import json
 import pathlib
-import sys
 
 import pytest
 
@@ -14,8 +14,8 @@ from composer_jax.env import secret
 from composer_jax.env.config import EnvConfig
 from composer_jax.env.pythons import find_pythons
 from composer_jax.env.tasks.pool import TaskPool
+from composer_jax.env.tasks.reference_check import GRADINGS, reference_problem
 from composer_jax.env.tasks.reference_check import main as check_main
-from composer_jax.env.tasks.reference_check import reference_problem
 from composer_jax.env.tasks.task import Task
 from composer_jax.env.workspace import open_workspace
 from env_helpers import needs_bwrap
@@ -46,8 +46,9 @@ def spawn(argv):
 def double(x):
     return 2 * x
 '''
-BROKEN = FIXED.replace("return 2 * x\n", "return x + x + 1\n").replace("[1]\n\n\ndef double", "[1] + 1\n\n\ndef double").replace('"t%d:%d" % (_made[0], 2 * x)',
-                                                                       '"t%d:%d" % (_made[0], 3 * x)')
+BROKEN = (FIXED.replace("return 2 * x\n", "return x + x + 1\n")
+          .replace("[1]\n\n\ndef double", "[1] + 1\n\n\ndef double")
+          .replace('"t%d:%d" % (_made[0], 2 * x)', '"t%d:%d" % (_made[0], 3 * x)'))
 TESTS = '''import unittest
 
 import m
@@ -78,24 +79,22 @@ def _python(version=None):
     return max(pythons.values(), key=lambda p: tuple(map(int, p.version.split("."))))
 
 
-def _task(root: pathlib.Path, task_id, module, edit, tests, before, after, f2p, p2p, version):
+def _task(root: pathlib.Path, task_id, module, edit, tests: dict, before, after, f2p, p2p, version):
+    """A task directory by hand: snapshot (`before` and the test file `tests` {name: text}), solution."""
     d = root / task_id
-    for sub, files in (("snapshot", {edit: before, tests: TESTS_OF[tests]}), ("solution", {edit: after})):
+    for sub, files in (("snapshot", {edit: before, **tests}), ("solution", {edit: after})):
         for rel, text in files.items():
             (d / sub / rel).parent.mkdir(parents=True, exist_ok=True)
             (d / sub / rel).write_text(text)
     task = Task(task_id, "bug", "train", version, module, f"{f2p[0]} fails; fix {edit}", f2p, p2p, (edit,),
-                (tests,), "", 2, version, version)
-    (d / "task.json").write_text(__import__("json").dumps(task.to_json()))
+                tuple(tests), "", 2, version, version)
+    (d / "task.json").write_text(json.dumps(task.to_json()))
     return task, d
-
-
-TESTS_OF = {"test_m.py": TESTS}
 
 
 def test_secret_cases_hold_only_outputs_a_correct_fix_reproduces(tmp_path):
     py = _python()
-    task, d = _task(tmp_path, "t-secret", "m", "m.py", "test_m.py", BROKEN, FIXED, F2P, (),
+    task, d = _task(tmp_path, "t-secret", "m", "m.py", {"test_m.py": TESTS}, BROKEN, FIXED, F2P, (),
                     py.version)
     cfg = EnvConfig(python_versions=(py.version,), use_embeddings=False)
     with open_workspace(d / "snapshot", cfg, python_version=py.version, task=task) as ws:
@@ -121,7 +120,6 @@ class T(unittest.TestCase):
     def test_dedent(self):
         self.assertEqual(textwrap.dedent("  a\\n  b\\n"), "a\\nb\\n")
 '''
-TESTS_OF["test_tw.py"] = TEXTWRAP_TESTS
 
 
 def test_an_edit_file_the_interpreter_imports_first_is_graded_by_its_fixed_text(tmp_path):
@@ -132,7 +130,7 @@ def test_an_edit_file_the_interpreter_imports_first_is_graded_by_its_fixed_text(
     fixed = (pathlib.Path(py.stdlib) / "textwrap.py").read_text()
     broken = fixed + "\n\n_indent = indent\n\n\ndef indent(text, prefix, predicate=None):\n" \
                      "    return _indent(text, prefx, predicate)\n"
-    task, d = _task(tmp_path, "t-textwrap", "textwrap", "textwrap.py", "test_tw.py", broken, fixed,
+    task, d = _task(tmp_path, "t-textwrap", "textwrap", "textwrap.py", {"test_tw.py": TEXTWRAP_TESTS}, broken, fixed,
                     ("test_tw.T.test_indent",), ("test_tw.T.test_dedent",), py.version)
     cfg = EnvConfig(python_versions=(py.version,), use_embeddings=False)
     assert reference_problem(task, d, cfg) is None
@@ -150,7 +148,6 @@ class T(unittest.TestCase):
     def test_plain_process(self):  # tells the graded process apart: its module holds a recorder
         self.assertFalse([k for k in globals() if k.startswith("_cj")])
 '''
-TESTS_OF["test_g.py"] = GRADER_AWARE
 
 
 def test_a_task_the_grader_cannot_resolve_is_reported_and_removed(tmp_path, capsys):
@@ -167,4 +164,4 @@ def test_a_task_the_grader_cannot_resolve_is_reported_and_removed(tmp_path, caps
     out = capsys.readouterr().out
     assert "t-aware: the grader does not resolve the reference fix" in out and '"removed": 1' in out
     assert TaskPool(tmp_path / "pool").tasks() == [] and not pool.task_dir("t-aware").exists()
-    assert sys.modules["composer_jax.env.tasks.reference_check"].GRADINGS >= 2
+    assert GRADINGS >= 2

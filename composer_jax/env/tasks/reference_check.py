@@ -76,14 +76,13 @@ def main(argv=None) -> int:
     if not (pathlib.Path(args.pool) / "manifest.json").is_file():
         ap.error(f"{args.pool}: not a task pool (no manifest.json); build one with "
                  "`python launch.py --experiment=env_ladder` or env_generate")
-    broken = broken_tasks(args.pool, EnvConfig(use_embeddings=False), args.workers, args.split)
     pool = TaskPool(pathlib.Path(args.pool))
+    checked = sum(1 for t in pool.tasks() if not args.split or t.split == args.split)
+    broken = broken_tasks(args.pool, EnvConfig(use_embeddings=False), args.workers, args.split)
     for task_id, why in sorted(broken.items()):
         print(f"{task_id}: {why}")
         if args.remove:
             pool.remove(task_id)
-    checked = sum(1 for t in pool.tasks() if not args.split or t.split == args.split) + \
-        (len(broken) if args.remove else 0)
     print(json.dumps({"checked": checked, "broken": len(broken), "removed": len(broken) if args.remove else 0}))
     return 0
 
