@@ -406,11 +406,12 @@ def main():
     rec = Recorder()
     rec_name = "_cj%s" % os.urandom(4).hex()
     _install_hook(frozenset(req.get("modules", ())), rec, rec_name)
+    # Tests that draw their data (at module level, then per test) draw the same data in the
+    # reference runs and in the graded run, so a site the reference verified is not lost to a
+    # larger draw that leaves its values over a size budget (opaque).
     import random
     reseed = random.seed  # bound now: agent code cannot take it away
-    reseed("test modules")  # tests that draw their data (module level, then per test) draw the same
-    # data in the reference runs and in the graded run, so a site the reference verified is not
-    # lost to a larger draw that leaves its values over a size budget (opaque)
+    reseed("test modules")
     cwd = os.getcwd()
     if sys.path[:1] != [cwd]:
         sys.path.insert(0, cwd)

@@ -383,9 +383,10 @@ class Generator:
         self.stats["candidates"] += 1
         added = (verdict.accepted and len(self.pool) < target
                  and self.per_module[key] < self.cfg.max_tasks_per_module)
-        why = self._accept(c, verdict) if added else None
-        if added and why:
-            added, verdict = False, dataclasses.replace(verdict, accepted=False, reason=why)
+        if added:
+            why = self._accept(c, verdict)
+            if why:  # the grader does not resolve its reference fix: a rejection like the others
+                added, verdict = False, dataclasses.replace(verdict, accepted=False, reason=why)
         if added:
             self.per_module[key] += 1
             if m is not None:

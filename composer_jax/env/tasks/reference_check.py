@@ -6,8 +6,8 @@ the installed copies of edit files it imports itself kept at the snapshot's), ag
 assertion sites of a reference run, and against secret cases computed by another process. A task
 whose reference fix the grader does not resolve fails every honest fix, so it is no task:
 `reference_problem` writes the reference through the agent's own tool into a fresh workspace and
-grades it `GRADINGS` times (a verdict that depends on the run, e.g. a test that measures the
-process's memory, fails one of them); the generator drops a task it returns a reason for, and
+grades it `GRADINGS` times (a verdict that depends on the run, a flaky test's, fails one of them
+more often than a single grading would); the generator drops a task it returns a reason for, and
 `python -m composer_jax.env.tasks.reference_check POOL [--remove]` checks an existing pool.
 
   python -m composer_jax.env.tasks.reference_check runs/ladder1h/pool            report
@@ -44,8 +44,12 @@ def reference_problem(task: Task, task_dir, cfg: EnvConfig, gradings: int = GRAD
             grade = grade_workspace(ws, task, task_dir / "snapshot")
         if not grade.resolved:
             failing = sorted(t for t, r in grade.results.items() if r != "pass")
-            why = grade.detail or (f"{len(failing)} test(s) fail, e.g. {failing[0]}: "
-                                   f"{grade.reasons.get(failing[0], '')}" if failing else "not resolved")
+            if grade.detail:
+                why = grade.detail
+            elif failing:
+                why = f"{len(failing)} test(s) fail, e.g. {failing[0]}: {grade.reasons.get(failing[0], '')}"
+            else:
+                why = "not resolved"
             return f"the grader does not resolve the reference fix (grading {k + 1} of {gradings}): {why}"[:400]
     return None
 
