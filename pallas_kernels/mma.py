@@ -1,7 +1,8 @@
 """The per-scale-block MMA step shared by the block-scaled kernels.
 
 partial = A_blk @ B_blk in float32 (exact products: every E4M3/E2M1 product fits float32), then
-acc + partial * sA * sB, in that order (the reference's order, so results match bit for bit).
+acc + partial * sA * sB, in that order (the reference's order; only the f32 sums inside the block's
+dot may run in another order, which XLA leaves to the backend).
 """
 
 from __future__ import annotations

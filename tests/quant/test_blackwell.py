@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from composer_jax.quant import blockwise
-from kernel_cases import gscale, kind, operands
+from kernel_cases import assert_matmul_matches, gscale, kind, operands
 from pallas_kernels import block_matmul_blackwell as bw
 from pallas_kernels import grouped_matmul_blackwell as gbw
 from pallas_kernels import tile_math
@@ -124,7 +124,7 @@ def test_matmul_wrapper_matches_reference(emulated, fmt, block_2d, m, k, n):
     want = blockwise.block_scaled_matmul(qa, qb)
     got = bw.matmul(*ops, gscale(qa, qb), block_size=qa.block_size, scale_kind=kind(fmt), interpret=False)
     assert got.shape == (m, n) and got.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    assert_matmul_matches(got, want, qa, qb)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
@@ -136,7 +136,7 @@ def test_grouped_wrapper_matches_reference(emulated, fmt, sizes):
     want = blockwise.grouped_block_scaled_matmul(qa, qb, gs)
     got = gbw.grouped_matmul(*ops, gs, gscale(qa, qb), block_size=qa.block_size, scale_kind=kind(fmt),
                              interpret=False)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    assert_matmul_matches(got, want, qa, qb, gs)
     assert np.all(np.asarray(got)[int(gs.sum()):] == 0)
 
 
