@@ -13,9 +13,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def subprocess_env() -> dict:
-    """This process's environment with the repository importable and no inherited XLA_FLAGS."""
+    """This process's environment with the repository importable and no inherited device count (the
+    script appends its own to XLA_FLAGS)."""
     env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if not f.startswith("--xla_force_host_platform_device_count"))
     return env
 
 

@@ -13,7 +13,8 @@ import sys
 
 MULTI = sys.argv[1] == "--process"
 NUM_PROCESSES = int(sys.argv[3]) if MULTI else 1
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // NUM_PROCESSES}"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + f" --xla_force_host_platform_device_count={8 // NUM_PROCESSES}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -173,7 +173,7 @@ def run_model_case(fmt):
 
 
 def main(names):
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
     sys.path[:0] = [ROOT, HERE]

@@ -187,7 +187,7 @@ def test_score_gather_detector():
 
 
 if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
     sys.path.insert(0, ROOT)

@@ -2,7 +2,7 @@
 2-device fsdp mesh; prints one `RESULT {"one": metrics, "mesh": metrics}` line per step."""
 import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402

@@ -137,8 +137,8 @@ SHARDED = textwrap.dedent("""
 
 
 def test_muon_update_keeps_expert_sharding():
-    env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
     proc = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True,
                           env=env, timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
