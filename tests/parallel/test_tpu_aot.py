@@ -1,9 +1,9 @@
 """Compiling for a real TPU slice from this CPU machine (composer_jax.parallel.aot).
 
 With libtpu installed (the `tpu` extra: `pip install -e '.[tpu]'`; `.ci/run` installs it) one
-`launch.py --dry_run --set mesh.compile_topology=v5e:2x2` compiles the tiny train step, the RL
-step, the engine's prefill, decode and speculative steps and the TPU Pallas kernels with XLA:TPU
-and Mosaic; elsewhere those
+`launch.py --dry_run --set mesh.compile_topology=v5e:2x2` compiles the tiny train step, the
+engine's decode step and the TPU Pallas kernels with XLA:TPU and Mosaic (the RL, prefill and
+speculative steps too in a slow test); elsewhere those
 tests skip and say how to enable them. The error paths and the target-platform switch need no
 libtpu.
 """
@@ -26,17 +26,22 @@ needs_libtpu = pytest.mark.skipif(
     reason=f"libtpu is not installed; to compile for TPUs from this machine: {aot.INSTALL}")
 
 
-@pytest.fixture(scope="module")
-def v5e_dry_run(tmp_path_factory):
-    """One dry run of cpt_debug compiled for v5e:2x2 with every program kind."""
-    work = tmp_path_factory.mktemp("tpu_aot")
+def _dry_run(work, programs):
+    """One dry run of cpt_debug compiled for v5e:2x2: the train step and `programs`."""
     cmd = [sys.executable, "launch.py", "--experiment=cpt_debug", "--dry_run", f"--workdir={work}",
            "--set", "mesh.compile_topology=v5e:2x2",
-           "--set", "mesh.compile_programs=all"]
+           "--set", f"mesh.compile_programs={programs}"]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((work / "dry_run.json").read_text()), proc.stdout
+
+
+@pytest.fixture(scope="module")
+def v5e_dry_run(tmp_path_factory):
+    """The train step, the decode step and the kernels (the RL, prefill and speculative steps add
+    a minute of XLA:TPU compiling: the slow test below)."""
+    return _dry_run(tmp_path_factory.mktemp("tpu_aot"), "decode,kernels")
 
 
 @needs_libtpu
@@ -66,22 +71,34 @@ def test_tpu_aot_train_step_compiles_for_v5e(v5e_dry_run):
     assert not [t for t in temps if t["shape"] in full], temps
 
 
-@needs_libtpu
-def test_tpu_aot_rl_engine_steps_and_kernels_compile_for_v5e(v5e_dry_run):
-    progs = v5e_dry_run[0]["programs"]
-    assert set(progs) == {"rl", "prefill", "decode", "spec", "kernel:block_scaled_matmul",
-                          "kernel:grouped_block_scaled_matmul", "kernel:quantize_mxfp8"}
+KERNELS = ("block_scaled_matmul", "grouped_block_scaled_matmul", "quantize_mxfp8")
+
+
+def _check_programs(progs, names):
+    assert set(progs) == set(names) | {f"kernel:{k}" for k in KERNELS}
     for name, p in progs.items():
         assert "error" not in p, (name, p.get("error"))
         assert p["fits_hbm"] is True and p["per_device_total"] > 0
-    for k in ("prefill", "decode", "spec"):
+    for k in set(names) & {"prefill", "decode", "spec"}:
         assert progs[k]["detail"]["cache_bytes"] > 0
+    for k in KERNELS:
+        assert progs[f"kernel:{k}"]["mosaic_kernels"] >= 1      # Mosaic compiled, not interpreted
+
+
+@needs_libtpu
+def test_tpu_aot_decode_step_and_kernels_compile_for_v5e(v5e_dry_run):
+    _check_programs(v5e_dry_run[0]["programs"], ["decode"])
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_tpu_aot_rl_engine_steps_and_kernels_compile_for_v5e(tmp_path):
+    progs = _dry_run(tmp_path, "all")[0]["programs"]
+    _check_programs(progs, ["rl", "prefill", "decode", "spec"])
     assert progs["spec"]["detail"]["spec_depth"] == 1
     # the spec step holds the MTP cache and a verify window: more than a plain decode step
     assert progs["spec"]["per_device_total"] > progs["decode"]["per_device_total"]
     assert sum(progs["rl"]["collective_bytes"].values()) > 0
-    for k in ("block_scaled_matmul", "grouped_block_scaled_matmul", "quantize_mxfp8"):
-        assert progs[f"kernel:{k}"]["mosaic_kernels"] >= 1      # Mosaic compiled, not interpreted
 
 
 def test_tpu_aot_bad_topology_names_list_the_valid_ones():

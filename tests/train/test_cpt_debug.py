@@ -1,22 +1,26 @@
 """A short version of the `cpt_debug` experiment: real local code, the real config, and the
 validation loss must fall clearly (the full run is marked slow)."""
-import dataclasses
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
-from composer_jax.overrides import apply_overrides
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path, steps):
-    from composer_jax.config import SECTION_PRESETS
-    from composer_jax.registry import get
-    exp = get("cpt_debug")
-    cfg = exp.make_config()
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
-        cfg.train, steps=steps, eval_every=steps // 4, checkpoint_every=steps))
-    cfg = apply_overrides(cfg, [], SECTION_PRESETS)          # validated like the CLI does
-    exp.run(cfg, tmp_path)
+    """`launch.py --experiment=cpt_debug` for `steps` steps; (val losses, MTP losses) as logged.
+    XLA compiles at its default -O2 here: this test's time is in running steps, not compiling."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=2")
+    proc = subprocess.run([sys.executable, "launch.py", "--experiment=cpt_debug", f"--workdir={tmp_path}",
+                           "--set", f"train.steps={steps}", "--set", f"train.eval_every={steps // 4}",
+                           "--set", f"train.checkpoint_every={steps}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     val = [r["val_loss"] for r in rows if "val_loss" in r]
     mtp = [r["mtp_loss"] for r in rows if "mtp_loss" in r]
